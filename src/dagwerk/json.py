@@ -1,0 +1,401 @@
+"""The routing JSON value model: frozen containers, equality, canonical size.
+
+Routing JSON (output fields, plan parameters, run input) is frozen on entry:
+objects become :class:`FrozenDict`, arrays become tuples. Every byte limit in
+the engine is measured on the canonical form: sorted keys, compact
+separators, UTF-8 without ASCII escaping, no NaN.
+"""
+
+from __future__ import annotations
+
+import json as _json
+import math
+from collections.abc import Iterator, Mapping
+from json.encoder import encode_basestring as _encode_str  # type: ignore[attr-defined]
+from typing import Any, TypeAlias, Union
+
+from dagwerk.constants import MAX_JSON_DEPTH, MAX_JSON_KEYS, MAX_JSON_VALUES
+from dagwerk.errors import JsonLimitError
+
+JsonScalar: TypeAlias = None | bool | int | float | str
+JsonInput: TypeAlias = Union[  # noqa: UP007 - recursive alias with forward refs
+    JsonScalar, list["JsonInput"], tuple["JsonInput", ...], Mapping[str, "JsonInput"]
+]
+JsonValue: TypeAlias = Union[JsonScalar, tuple["JsonValue", ...], "FrozenDict"]  # noqa: UP007
+JsonWireValue: TypeAlias = Union[  # noqa: UP007
+    JsonScalar, list["JsonWireValue"], dict[str, "JsonWireValue"]
+]
+
+_IMMUTABLE = "routing JSON is immutable"
+
+
+class FrozenDict(Mapping[str, JsonValue]):
+    """An immutable JSON object. The constructor deep-freezes its input.
+
+    It is deliberately not a ``dict`` subclass, so even ``dict.__setitem__``
+    cannot change it; ``copy`` and ``deepcopy`` return the same object.
+    """
+
+    __slots__ = ("_data", "_keys", "_values", "_depth")
+
+    _data: dict[str, JsonValue]
+    _keys: int
+    _values: int
+    _depth: int
+
+    def __init__(self, values: Mapping[str, object] | None = None) -> None:
+        if values is None:
+            values = {}
+        elif not isinstance(values, Mapping):
+            raise JsonLimitError("value must be a JSON object", code="json_invalid")
+        frozen = _freeze(values, 1, _Counter())
+        assert isinstance(frozen, FrozenDict)
+        for name in self.__slots__:
+            object.__setattr__(self, name, object.__getattribute__(frozen, name))
+
+    @classmethod
+    def _trusted(cls, data: dict[str, JsonValue], keys: int, values: int, depth: int) -> FrozenDict:
+        self = object.__new__(cls)
+        object.__setattr__(self, "_data", data)
+        object.__setattr__(self, "_keys", keys)
+        object.__setattr__(self, "_values", values)
+        object.__setattr__(self, "_depth", depth)
+        return self
+
+    def __getitem__(self, key: str) -> JsonValue:
+        return self._data[key]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._data)
+
+    def __len__(self) -> int:
+        return len(self._data)
+
+    def __contains__(self, key: object) -> bool:
+        return key in self._data
+
+    def __repr__(self) -> str:
+        return f"FrozenDict({self._data!r})"
+
+    def __setattr__(self, name: str, value: object) -> None:
+        raise TypeError(_IMMUTABLE)
+
+    def __delattr__(self, name: str) -> None:
+        raise TypeError(_IMMUTABLE)
+
+    def __setitem__(self, key: str, value: object) -> None:
+        raise TypeError(_IMMUTABLE)
+
+    def __delitem__(self, key: str) -> None:
+        raise TypeError(_IMMUTABLE)
+
+    def __ior__(self, other: object) -> FrozenDict:
+        raise TypeError(_IMMUTABLE)
+
+    def __copy__(self) -> FrozenDict:
+        return self
+
+    def __deepcopy__(self, memo: dict[int, object]) -> FrozenDict:
+        return self
+
+    def __reduce__(self) -> tuple[type[FrozenDict], tuple[dict[str, JsonWireValue]]]:
+        return (FrozenDict, ({k: thaw_json(v) for k, v in self._data.items()},))
+
+    def __hash__(self) -> int:
+        return hash(json_equality_key(self))
+
+    @classmethod
+    def __get_pydantic_core_schema__(cls, source: Any, handler: Any) -> Any:
+        from pydantic_core import core_schema
+
+        def validate(value: object) -> FrozenDict:
+            if isinstance(value, FrozenDict):
+                return value
+            if not isinstance(value, Mapping):
+                raise ValueError("must be a JSON object")
+            return FrozenDict(value)
+
+        return core_schema.no_info_plain_validator_function(
+            validate,
+            serialization=core_schema.plain_serializer_function_ser_schema(
+                thaw_json, when_used="always"
+            ),
+        )
+
+    @classmethod
+    def __get_pydantic_json_schema__(cls, schema: Any, handler: Any) -> dict[str, Any]:
+        return {"type": "object"}
+
+
+class _Counter:
+    __slots__ = ("keys", "values", "depth")
+
+    def __init__(self) -> None:
+        self.keys = 0
+        self.values = 0
+        self.depth = 0  # deepest absolute container level seen so far
+
+
+def _freeze(value: object, depth: int, counter: _Counter) -> JsonValue:
+    # ``depth`` is the level a container found here occupies (top level = 1).
+    if value is None or isinstance(value, (bool, str)):
+        return value
+    if isinstance(value, int):
+        return value if type(value) is int else int(value)
+    if isinstance(value, float):
+        if not math.isfinite(value):
+            raise JsonLimitError("JSON numbers must be finite", code="json_invalid")
+        return value if type(value) is float else float(value)
+    if isinstance(value, FrozenDict):
+        # Already validated: reuse it and add its recorded counts.
+        if depth + value._depth - 1 > MAX_JSON_DEPTH:
+            raise _depth_error()
+        counter.keys += value._keys
+        counter.values += value._values
+        _check_counts(counter)
+        counter.depth = max(counter.depth, depth + value._depth - 1)
+        return value
+    if isinstance(value, (Mapping, list, tuple)):
+        if depth > MAX_JSON_DEPTH:
+            raise _depth_error()
+        outer_depth = counter.depth
+        counter.depth = depth
+        keys_before, values_before = counter.keys, counter.values
+        counter.values += len(value)
+        if isinstance(value, Mapping):
+            counter.keys += len(value)
+            _check_counts(counter)
+            data: dict[str, JsonValue] = {}
+            for key, item in value.items():
+                if not isinstance(key, str):
+                    raise JsonLimitError("JSON object keys must be strings", code="json_invalid")
+                data[str(key)] = _freeze(item, depth + 1, counter)
+            frozen: JsonValue = FrozenDict._trusted(
+                data,
+                counter.keys - keys_before,
+                counter.values - values_before,
+                counter.depth - depth + 1,
+            )
+        else:
+            _check_counts(counter)
+            frozen = tuple([_freeze(item, depth + 1, counter) for item in value])
+        counter.depth = max(outer_depth, counter.depth)
+        return frozen
+    raise JsonLimitError(
+        f"value of type {type(value).__name__} is not JSON-compatible", code="json_invalid"
+    )
+
+
+def _check_counts(counter: _Counter) -> None:
+    if counter.keys > MAX_JSON_KEYS:
+        raise JsonLimitError(
+            f"JSON value has more than {MAX_JSON_KEYS} object keys",
+            code="json_too_large",
+            limit=MAX_JSON_KEYS,
+        )
+    if counter.values > MAX_JSON_VALUES:
+        raise JsonLimitError(
+            f"JSON value has more than {MAX_JSON_VALUES} values",
+            code="json_too_large",
+            limit=MAX_JSON_VALUES,
+        )
+
+
+def _depth_error() -> JsonLimitError:
+    return JsonLimitError(
+        f"JSON value is nested deeper than {MAX_JSON_DEPTH} levels",
+        code="json_too_deep",
+        limit=MAX_JSON_DEPTH,
+    )
+
+
+def freeze_json(
+    value: object,
+    *,
+    _depth: int = 0,
+    _key_counter: list[int] | None = None,
+    _value_counter: list[int] | None = None,
+) -> JsonValue:
+    """Copy ``value`` into frozen containers, enforcing every JSON limit.
+
+    Raises :class:`~dagwerk.errors.JsonLimitError` (a ``ValueError``) for
+    non-finite numbers, non-string keys, non-JSON types, more than 512 keys or
+    10,000 values in total, or nesting deeper than 16 containers.
+    """
+    counter = _Counter()
+    if _key_counter:
+        counter.keys = _key_counter[0]
+    if _value_counter:
+        counter.values = _value_counter[0]
+    result = _freeze(value, _depth + 1, counter)
+    if _key_counter is not None:
+        _key_counter[:] = [counter.keys]
+    if _value_counter is not None:
+        _value_counter[:] = [counter.values]
+    return result
+
+
+def freeze_object(value: Mapping[str, object] | None) -> FrozenDict:
+    """Freeze a JSON object (``None`` gives an empty one)."""
+    if value is None:
+        return FrozenDict()
+    if isinstance(value, FrozenDict):
+        return value
+    if not isinstance(value, Mapping):
+        raise JsonLimitError("value must be a JSON object", code="json_invalid")
+    return FrozenDict(value)
+
+
+def thaw_json(value: object) -> JsonWireValue:
+    """Copy a (frozen or plain) JSON value into plain ``dict``/``list``."""
+    if isinstance(value, FrozenDict):
+        return {k: thaw_json(v) for k, v in value._data.items()}
+    if isinstance(value, Mapping):
+        return {k: thaw_json(v) for k, v in value.items()}
+    if isinstance(value, (tuple, list)):
+        return [thaw_json(v) for v in value]
+    return value  # type: ignore[return-value]
+
+
+def canonical_json_bytes(value: object) -> bytes:
+    """The canonical form: sorted keys, compact, UTF-8, NaN refused."""
+    try:
+        text = _json.dumps(
+            thaw_json(value),
+            sort_keys=True,
+            separators=(",", ":"),
+            ensure_ascii=False,
+            allow_nan=False,
+        )
+    except (TypeError, ValueError) as exc:
+        raise JsonLimitError(f"value is not canonical JSON: {exc}", code="json_invalid") from exc
+    return text.encode("utf-8")
+
+
+def json_string_payload_size(value: str, *, limit: int | None = None) -> int:
+    """UTF-8 size of ``value`` JSON-encoded, without its quotes.
+
+    Returns ``limit + 1`` once the size passes ``limit``. A string that is
+    not valid UTF-8 (a lone surrogate) raises ``ValueError``.
+    """
+    if limit is not None and len(value) > limit:
+        # Every character costs at least one byte, but still reject bad text.
+        value.encode("utf-8")
+        return limit + 1
+    size = len(_encode_str(value).encode("utf-8")) - 2
+    if limit is not None and size > limit:
+        return limit + 1
+    return size
+
+
+def _scalar_size(value: object) -> int:
+    if value is None:
+        return 4
+    if value is True:
+        return 4
+    if value is False:
+        return 5
+    if isinstance(value, str):
+        return json_string_payload_size(value) + 2
+    if isinstance(value, int):
+        return len(int.__repr__(value))
+    if isinstance(value, float):
+        if not math.isfinite(value):
+            raise ValueError("JSON numbers must be finite")
+        return len(float.__repr__(value))
+    raise ValueError(f"value of type {type(value).__name__} is not JSON-compatible")
+
+
+def bounded_json_size(value: object, limit: int) -> int:
+    """Exact canonical JSON size of ``value``, or ``limit + 1`` once past it.
+
+    Walks the value without building the serialised text, so a huge value
+    costs only as much as the part read before the limit is crossed.
+    """
+    if type(limit) is not int or limit < 0:
+        raise ValueError("limit must be a non-negative int")
+    total = 0
+    stack: list[object] = [value]
+    while stack:
+        item = stack.pop()
+        if isinstance(item, (FrozenDict, dict)) or (
+            isinstance(item, Mapping) and not isinstance(item, str)
+        ):
+            mapping: Mapping[Any, object] = item  # type: ignore[assignment]
+            n = len(mapping)
+            total += 2 + (n - 1 if n else 0) + n  # braces, commas, colons
+            for key, sub in mapping.items():
+                if not isinstance(key, str):
+                    raise ValueError("JSON object keys must be strings")
+                total += json_string_payload_size(key, limit=limit) + 2
+                stack.append(sub)
+        elif isinstance(item, (list, tuple)):
+            n = len(item)
+            total += 2 + (n - 1 if n else 0)
+            stack.extend(item)
+        elif isinstance(item, str):
+            total += json_string_payload_size(item, limit=limit) + 2
+        else:
+            total += _scalar_size(item)
+        if total > limit:
+            return limit + 1
+    return total
+
+
+def json_values_equal(left: object, right: object) -> bool:
+    """Type-aware JSON equality.
+
+    ``null`` equals only ``null``; booleans only booleans; numbers compare
+    numerically across int and float; arrays are ordered; objects ignore key
+    order. Nested values follow the same rules.
+    """
+    return json_equality_key(left) == json_equality_key(right)
+
+
+def json_equality_key(value: object) -> object:
+    """A hashable key such that equal keys mean ``json_values_equal``."""
+    if value is None:
+        return ("n",)
+    if isinstance(value, bool):
+        return ("b", value)
+    if isinstance(value, (int, float)):
+        # 1 == 1.0 and hash(1) == hash(1.0): numbers share one key space.
+        return ("d", value)
+    if isinstance(value, str):
+        return ("s", value)
+    if isinstance(value, Mapping):
+        return ("o", frozenset((k, json_equality_key(v)) for k, v in value.items()))
+    if isinstance(value, (list, tuple)):
+        return ("a", tuple(json_equality_key(v) for v in value))
+    raise ValueError(f"value of type {type(value).__name__} is not JSON-compatible")
+
+
+def json_representations_equal(left: object, right: object) -> bool:
+    """Exact representation equality: same types, same float bits, same key order."""
+    if type(left) is not type(right):
+        # Frozen and plain containers of the same JSON kind still compare.
+        if isinstance(left, Mapping) and isinstance(right, Mapping):
+            pass
+        elif isinstance(left, (list, tuple)) and isinstance(right, (list, tuple)):
+            pass
+        else:
+            return False
+    if isinstance(left, float):
+        assert isinstance(right, float)
+        return left.hex() == right.hex()
+    if isinstance(left, Mapping):
+        assert isinstance(right, Mapping)
+        if list(left.keys()) != list(right.keys()):
+            return False
+        return all(json_representations_equal(left[k], right[k]) for k in left)
+    if isinstance(left, (list, tuple)):
+        assert isinstance(right, (list, tuple))
+        return len(left) == len(right) and all(
+            json_representations_equal(a, b) for a, b in zip(left, right, strict=True)
+        )
+    return left == right
+
+
+def routing_text(value: object) -> str:
+    """The text form used by text predicates and pipes: ``str()`` of the plain value."""
+    return str(thaw_json(value))

@@ -1,0 +1,512 @@
+"""Pipeline, routing and plan models (pydantic v2).
+
+Except :class:`DagNode`, every model is frozen, forbids unknown fields and
+re-validates on ``model_copy(update=...)``. JSON-valued fields are frozen on
+input (:class:`~dagwerk.json.FrozenDict`, tuples) and thawed on
+serialisation.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping
+from types import MappingProxyType
+from typing import TYPE_CHECKING, Annotated, Any, Literal, Protocol, Self, TypeAlias, runtime_checkable
+
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    PlainSerializer,
+    PlainValidator,
+    Strict,
+    StringConstraints,
+    WithJsonSchema,
+    field_validator,
+    model_validator,
+)
+
+from dagwerk.constants import (
+    MAX_EXPRESSION_LENGTH,
+    MAX_FILTER_MEMBERSHIP_VALUES,
+    MAX_FILTER_RULES_PER_EDGE,
+    MAX_INPUT_EDGES_PER_NODE,
+    MAX_NODE_BINDINGS,
+    MAX_OUTPUT_FIELDS_BYTES,
+    MAX_OUTPUT_ID_LENGTH,
+    MAX_OUTPUT_REFS_PER_PLAN,
+    MAX_TASK_PLAN_BYTES,
+    CorrelationMode,
+    FilterOperator,
+    InputMode,
+    InputRole,
+    LaunchCreateStatus,
+    NodeDisposition,
+    SortOrder,
+)
+from dagwerk.errors import ExpressionError, MaterializationError, PlanningError
+from dagwerk.json import FrozenDict, JsonValue, bounded_json_size, freeze_json, thaw_json
+
+__all__ = [
+    "DagNode",
+    "EdgeFilter",
+    "EdgeSource",
+    "EmittedOutput",
+    "ExpressionError",
+    "ExpressionSource",
+    "FilterRule",
+    "InputBinding",
+    "InputEdge",
+    "LaunchCreateResult",
+    "LiteralSource",
+    "MaterializationError",
+    "NodeDefinition",
+    "NodeLaunch",
+    "OutputId",
+    "OutputRef",
+    "PlannedEdgeInput",
+    "PlanningError",
+    "PlanningSnapshot",
+    "ResolvedOutput",
+    "RuntimeSource",
+    "SecretSource",
+    "Selection",
+    "TaskContext",
+    "TaskInputPlan",
+    "TaskInputs",
+    "output_ref_routing_size",
+]
+
+_EDGE_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_-]*", re.ASCII)
+RESERVED_EDGE_NAME = "input"
+
+
+def validate_edge_name(value: object) -> str:
+    """Edge names: ASCII letter or ``_`` first, then letters, digits, ``_``, ``-``; not ``input``."""
+    if not isinstance(value, str):
+        raise ValueError("edge name must be a string")
+    if value == RESERVED_EDGE_NAME:
+        raise ValueError("edge name 'input' is reserved for run input")
+    if not _EDGE_NAME.fullmatch(value):
+        raise ValueError(
+            f"invalid edge name {value!r}: use an ASCII letter or '_' first, "
+            "then letters, digits, '_' or '-'"
+        )
+    return value
+
+
+def _freeze_json_field(value: object) -> JsonValue:
+    return freeze_json(value)
+
+
+OutputId: TypeAlias = Annotated[
+    str, StringConstraints(strict=True, min_length=1, max_length=MAX_OUTPUT_ID_LENGTH)
+]
+EdgeName: TypeAlias = Annotated[str, PlainValidator(validate_edge_name)]
+NonEmptyStr: TypeAlias = Annotated[str, StringConstraints(strict=True, min_length=1)]
+ExpressionText: TypeAlias = Annotated[
+    str, StringConstraints(strict=True, min_length=1, max_length=MAX_EXPRESSION_LENGTH)
+]
+StrictIndex: TypeAlias = Annotated[int, Strict(), Field(ge=0)]
+if TYPE_CHECKING:
+    JsonField: TypeAlias = JsonValue
+else:
+    # The recursive alias is for type checkers; pydantic only needs the hooks.
+    JsonField = Annotated[
+        Any,
+        PlainValidator(_freeze_json_field),
+        PlainSerializer(thaw_json, return_type=Any),
+        WithJsonSchema({}),
+    ]
+
+
+class _FrozenModel(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid", validate_default=True)
+
+    def model_copy(self, *, update: Mapping[str, Any] | None = None, deep: bool = False) -> Self:
+        """A copy; ``update`` values are validated like constructor arguments."""
+        if not update:
+            return self if not deep else super().model_copy(deep=True)
+        values = {name: getattr(self, name) for name in type(self).model_fields}
+        values.update(update)
+        return type(self).model_validate(values)
+
+
+# --- bindings -------------------------------------------------------------
+
+
+class _BindingBase(_FrozenModel):
+    when: ExpressionText | None = None
+
+
+class EdgeSource(_BindingBase):
+    """Read ``field`` from the outputs planned on edge ``edge``."""
+
+    source: Literal["edge"] = "edge"
+    edge: EdgeName
+    field: NonEmptyStr
+
+
+class LiteralSource(_BindingBase):
+    """A constant value (``null`` included)."""
+
+    source: Literal["literal"] = "literal"
+    value: JsonField = None
+
+
+class RuntimeSource(_BindingBase):
+    """A value from the run input, with a default and an optional requirement."""
+
+    source: Literal["runtime"] = "runtime"
+    key: NonEmptyStr
+    label: str = ""
+    placeholder: str = ""
+    required: bool = False
+    default: JsonField = None
+
+
+class SecretSource(_BindingBase):
+    """A secret reference; the worker resolves it, plans never hold its value."""
+
+    source: Literal["secret"] = "secret"
+    name: NonEmptyStr
+
+
+class ExpressionSource(_BindingBase):
+    """An expression such as ``{records.title | trim}`` evaluated at planning."""
+
+    source: Literal["expression"] = "expression"
+    expression: ExpressionText
+
+
+InputBinding: TypeAlias = Annotated[
+    EdgeSource | LiteralSource | RuntimeSource | SecretSource | ExpressionSource,
+    Field(discriminator="source"),
+]
+
+
+# --- routing configuration ------------------------------------------------
+
+
+class FilterRule(_FrozenModel):
+    field: NonEmptyStr
+    operator: FilterOperator
+    value: JsonField = None
+
+    @model_validator(mode="after")
+    def _membership_size(self) -> Self:
+        if (
+            self.operator in (FilterOperator.IN, FilterOperator.NOT_IN)
+            and isinstance(self.value, tuple)
+            and len(self.value) > MAX_FILTER_MEMBERSHIP_VALUES
+        ):
+            raise ValueError(
+                f"{self.operator.value} filter has {len(self.value)} values; "
+                f"maximum is {MAX_FILTER_MEMBERSHIP_VALUES}"
+            )
+        return self
+
+
+class EdgeFilter(_FrozenModel):
+    rules: tuple[FilterRule, ...] = Field(default=(), max_length=MAX_FILTER_RULES_PER_EDGE)
+
+
+class Selection(_FrozenModel):
+    field: NonEmptyStr
+    order: SortOrder = SortOrder.ASC
+    limit: Annotated[int, Strict(), Field(ge=1)] = 1
+
+
+class InputEdge(_FrozenModel):
+    name: EdgeName
+    source: NonEmptyStr
+    role: InputRole = InputRole.MAIN
+    required: bool = True
+    filter: EdgeFilter | None = None
+    selection: Selection | None = None
+
+
+# --- nodes ----------------------------------------------------------------
+
+
+class DagNode(BaseModel):
+    """One step of a pipeline. Mutable, validated on assignment."""
+
+    model_config = ConfigDict(extra="forbid", validate_assignment=True, validate_default=True)
+
+    name: str = ""
+    slug: NonEmptyStr
+    plugin: NonEmptyStr
+    edges: tuple[InputEdge, ...] = Field(default=(), max_length=MAX_INPUT_EDGES_PER_NODE)
+    bindings: dict[str, InputBinding] = Field(default_factory=dict)
+    input_mode: InputMode | None = None
+    correlation_mode: CorrelationMode = CorrelationMode.DEFAULT
+
+    @field_validator("bindings")
+    @classmethod
+    def _check_bindings(cls, value: dict[str, Any]) -> dict[str, Any]:
+        if len(value) > MAX_NODE_BINDINGS:
+            raise ValueError(f"node has {len(value)} bindings; maximum is {MAX_NODE_BINDINGS}")
+        for key in value:
+            if not isinstance(key, str) or not key:
+                raise ValueError("binding names must be non-empty strings")
+        return value
+
+    def model_copy(self, *, update: Mapping[str, Any] | None = None, deep: bool = False) -> Self:
+        """A copy; ``update`` values are validated like constructor arguments."""
+        values: dict[str, Any] = {name: getattr(self, name) for name in type(self).model_fields}
+        values["bindings"] = dict(self.bindings)
+        if update:
+            values.update(update)
+        return type(self).model_validate(values)
+
+
+@runtime_checkable
+class NodeDefinition(Protocol):
+    """A read-only node, as held by :class:`dagwerk.topology.RunTopology`."""
+
+    @property
+    def name(self) -> str: ...
+    @property
+    def slug(self) -> str: ...
+    @property
+    def plugin(self) -> str: ...
+    @property
+    def edges(self) -> tuple[InputEdge, ...]: ...
+    @property
+    def bindings(self) -> Mapping[str, InputBinding]: ...
+    @property
+    def input_mode(self) -> InputMode: ...
+    @property
+    def correlation_mode(self) -> CorrelationMode: ...
+
+
+# --- outputs and plans ----------------------------------------------------
+
+
+def _check_fields_size(value: FrozenDict) -> FrozenDict:
+    if bounded_json_size(value, MAX_OUTPUT_FIELDS_BYTES) > MAX_OUTPUT_FIELDS_BYTES:
+        raise ValueError(f"output fields exceed the {MAX_OUTPUT_FIELDS_BYTES}-byte limit")
+    return value
+
+
+def _read_only_copy(value: object) -> Mapping[str, object]:
+    if not isinstance(value, Mapping):
+        raise ValueError("data must be a mapping")
+    return MappingProxyType(dict(value))
+
+
+OutputFields: TypeAlias = Annotated[FrozenDict, Field(default_factory=FrozenDict)]
+ReadOnlyData: TypeAlias = Annotated[
+    Mapping[str, object],
+    PlainValidator(_read_only_copy),
+    PlainSerializer(lambda v: dict(v), return_type=dict),
+    WithJsonSchema({"type": "object"}),
+]
+
+
+class OutputRef(_FrozenModel):
+    """Routing metadata of one published output."""
+
+    id: OutputId
+    fields: OutputFields
+    correlation_id: OutputId | None = None
+
+    @field_validator("fields")
+    @classmethod
+    def _fields_size(cls, value: FrozenDict) -> FrozenDict:
+        return _check_fields_size(value)
+
+
+def output_ref_routing_size(output: OutputRef, *, limit: int = 1 << 62) -> int:
+    """Canonical byte size of ``{"correlation_id", "fields", "id"}`` of one output."""
+    return bounded_json_size(
+        {"correlation_id": output.correlation_id, "fields": output.fields, "id": output.id},
+        limit,
+    )
+
+
+class PlannedEdgeInput(_FrozenModel):
+    edge: EdgeName
+    source_index: StrictIndex
+    role: InputRole
+    output_ids: tuple[OutputId, ...] = ()
+
+    @field_validator("output_ids")
+    @classmethod
+    def _unique(cls, value: tuple[str, ...]) -> tuple[str, ...]:
+        if len(set(value)) != len(value):
+            raise ValueError("output ids must be unique within an edge")
+        return value
+
+
+def _secret_refs(value: object) -> Mapping[str, str]:
+    if not isinstance(value, Mapping):
+        raise ValueError("secret_refs must be a mapping")
+    for key, name in value.items():
+        if not isinstance(key, str) or not key:
+            raise ValueError("secret targets must be non-empty strings")
+        if not isinstance(name, str) or not name:
+            raise ValueError("secret names must be non-empty strings")
+    return MappingProxyType(dict(value))
+
+
+SecretRefs: TypeAlias = Annotated[
+    Mapping[str, str],
+    PlainValidator(_secret_refs),
+    PlainSerializer(lambda v: dict(v), return_type=dict),
+    WithJsonSchema({"type": "object"}),
+]
+
+
+def _schema_version(value: object) -> Literal[1]:
+    if type(value) is not int or value != 1:
+        raise ValueError("unsupported task plan schema_version; expected the integer 1")
+    return 1
+
+
+class TaskInputPlan(_FrozenModel):
+    """The routing decision for one task, fixed at planning."""
+
+    schema_version: Annotated[Literal[1], PlainValidator(_schema_version)] = 1
+    generation: StrictIndex
+    edges: tuple[PlannedEdgeInput, ...] = Field(default=(), max_length=MAX_INPUT_EDGES_PER_NODE)
+    parameters: OutputFields
+    secret_refs: SecretRefs = Field(default_factory=lambda: MappingProxyType({}))
+    correlation_id: OutputId | None = None
+
+    @model_validator(mode="after")
+    def _check_plan(self) -> Self:
+        names = [edge.edge for edge in self.edges]
+        if len(set(names)) != len(names):
+            raise ValueError("plan edge names must be unique")
+        overlap = set(self.parameters) & set(self.secret_refs)
+        if overlap:
+            raise ValueError(
+                f"plan targets {sorted(overlap)} appear in both parameters and secret_refs"
+            )
+        refs = sum(len(edge.output_ids) for edge in self.edges)
+        if refs > MAX_OUTPUT_REFS_PER_PLAN:
+            raise ValueError(f"plan references {refs} outputs; maximum is {MAX_OUTPUT_REFS_PER_PLAN}")
+        size = task_plan_size(self, limit=MAX_TASK_PLAN_BYTES)
+        if size > MAX_TASK_PLAN_BYTES:
+            raise ValueError(f"task plan exceeds the {MAX_TASK_PLAN_BYTES}-byte limit")
+        return self
+
+
+def task_plan_size(plan: TaskInputPlan, *, limit: int) -> int:
+    """Canonical serialised size of a plan, or ``limit + 1`` once past ``limit``."""
+    wire = {
+        "correlation_id": plan.correlation_id,
+        "edges": [
+            {
+                "edge": e.edge,
+                "output_ids": e.output_ids,
+                "role": e.role.value,
+                "source_index": e.source_index,
+            }
+            for e in plan.edges
+        ],
+        "generation": plan.generation,
+        "parameters": plan.parameters,
+        "schema_version": plan.schema_version,
+        "secret_refs": dict(plan.secret_refs),
+    }
+    return bounded_json_size(wire, limit)
+
+
+class EmittedOutput(_FrozenModel):
+    """An output reported by a worker: routing ``fields`` plus materialised ``data``."""
+
+    id: OutputId
+    fields: OutputFields
+    data: ReadOnlyData = Field(default_factory=lambda: MappingProxyType({}))
+
+    @field_validator("fields")
+    @classmethod
+    def _fields_size(cls, value: FrozenDict) -> FrozenDict:
+        return _check_fields_size(value)
+
+
+class ResolvedOutput(_FrozenModel):
+    """A materialised output, as a worker receives it."""
+
+    id: OutputId
+    fields: OutputFields
+    data: ReadOnlyData = Field(default_factory=lambda: MappingProxyType({}))
+
+    @field_validator("fields")
+    @classmethod
+    def _fields_size(cls, value: FrozenDict) -> FrozenDict:
+        return _check_fields_size(value)
+
+
+class TaskInputs(_FrozenModel):
+    """What a plugin receives: resolved outputs per edge and the plan's parameters."""
+
+    edges: Mapping[str, tuple[ResolvedOutput, ...]]
+    parameters: OutputFields
+
+
+class PlanningSnapshot(_FrozenModel):
+    """One consistent view of a node's sources, as loaded by the store."""
+
+    token: NonEmptyStr
+    generation: StrictIndex
+    outputs_by_edge: Mapping[str, tuple[OutputRef, ...]]
+    source_dispositions: Mapping[str, NodeDisposition]
+    runtime_inputs: OutputFields
+
+
+class NodeLaunch(_FrozenModel):
+    """The record of one node generation's planning outcome."""
+
+    id: str
+    run_id: str
+    node_index: StrictIndex
+    plugin_name: str
+    generation: StrictIndex
+    disposition: NodeDisposition
+    task_ids: tuple[str, ...] = ()
+    complete: bool = False
+    error: str = ""
+
+    @model_validator(mode="after")
+    def _check_disposition(self) -> Self:
+        if any(not task_id for task_id in self.task_ids):
+            raise ValueError("task ids must be non-empty")
+        if len(set(self.task_ids)) != len(self.task_ids):
+            raise ValueError("task ids must be unique")
+        if self.disposition is NodeDisposition.LAUNCHED:
+            if not self.task_ids:
+                raise ValueError("a launched node must own at least one task")
+        else:
+            if self.task_ids:
+                raise ValueError(f"a {self.disposition.value} launch owns no tasks")
+            if not self.complete:
+                raise ValueError(f"a {self.disposition.value} launch is complete on creation")
+            if self.disposition is NodeDisposition.FAILED and not self.error:
+                raise ValueError("a failed launch must carry an error")
+        return self
+
+
+class LaunchCreateResult(_FrozenModel):
+    status: LaunchCreateStatus
+    launch: NodeLaunch | None = None
+
+    @model_validator(mode="after")
+    def _check(self) -> Self:
+        if self.status is LaunchCreateStatus.STALE:
+            if self.launch is not None:
+                raise ValueError("a stale result carries no launch")
+        elif self.launch is None:
+            raise ValueError(f"a {self.status.value} result must carry its launch")
+        return self
+
+
+class TaskContext(_FrozenModel):
+    """Where a task sits: its run, node and generation."""
+
+    run_id: str
+    node_index: StrictIndex
+    generation: StrictIndex
