@@ -11,17 +11,17 @@ from __future__ import annotations
 import json as _json
 import math
 from collections.abc import Iterator, Mapping
-from json.encoder import encode_basestring as _encode_str  # type: ignore[attr-defined]
+from json.encoder import encode_basestring as _encode_str
 from typing import Any, TypeAlias, Union
 
 from dagwerk.constants import MAX_JSON_DEPTH, MAX_JSON_KEYS, MAX_JSON_VALUES
 from dagwerk.errors import JsonLimitError
 
-JsonScalar: TypeAlias = None | bool | int | float | str
+JsonScalar: TypeAlias = bool | int | float | str | None
 JsonInput: TypeAlias = Union[  # noqa: UP007 - recursive alias with forward refs
     JsonScalar, list["JsonInput"], tuple["JsonInput", ...], Mapping[str, "JsonInput"]
 ]
-JsonValue: TypeAlias = Union[JsonScalar, tuple["JsonValue", ...], "FrozenDict"]  # noqa: UP007
+JsonValue: TypeAlias = Union[JsonScalar, tuple["JsonValue", ...], "FrozenDict"]
 JsonWireValue: TypeAlias = Union[  # noqa: UP007
     JsonScalar, list["JsonWireValue"], dict[str, "JsonWireValue"]
 ]
@@ -36,7 +36,7 @@ class FrozenDict(Mapping[str, JsonValue]):
     cannot change it; ``copy`` and ``deepcopy`` return the same object.
     """
 
-    __slots__ = ("_data", "_keys", "_values", "_depth")
+    __slots__ = ("_data", "_depth", "_keys", "_values")
 
     _data: dict[str, JsonValue]
     _keys: int
@@ -73,6 +73,11 @@ class FrozenDict(Mapping[str, JsonValue]):
 
     def __contains__(self, key: object) -> bool:
         return key in self._data
+
+    def get(self, key: str, default: Any = None) -> Any:
+        # Direct lookup: filters and selection call this once per output and
+        # rule, and the inherited ``Mapping.get`` costs two Python calls.
+        return self._data.get(key, default)
 
     def __repr__(self) -> str:
         return f"FrozenDict({self._data!r})"
@@ -128,7 +133,7 @@ class FrozenDict(Mapping[str, JsonValue]):
 
 
 class _Counter:
-    __slots__ = ("keys", "values", "depth")
+    __slots__ = ("depth", "keys", "values")
 
     def __init__(self) -> None:
         self.keys = 0
@@ -156,10 +161,13 @@ def _freeze(value: object, depth: int, counter: _Counter) -> JsonValue:
         counter.depth = max(counter.depth, depth + value._depth - 1)
         return value
     if isinstance(value, (Mapping, list, tuple)):
-        if depth > MAX_JSON_DEPTH:
+        # The members of a container found here sit ``depth`` containers
+        # deep; only a member may cross the limit, so an empty container
+        # inside 16 others is still accepted.
+        if value and depth > MAX_JSON_DEPTH:
             raise _depth_error()
         outer_depth = counter.depth
-        counter.depth = depth
+        counter.depth = depth if value else depth - 1
         keys_before, values_before = counter.keys, counter.values
         counter.values += len(value)
         if isinstance(value, Mapping):
@@ -189,13 +197,13 @@ def _freeze(value: object, depth: int, counter: _Counter) -> JsonValue:
 def _check_counts(counter: _Counter) -> None:
     if counter.keys > MAX_JSON_KEYS:
         raise JsonLimitError(
-            f"JSON value has more than {MAX_JSON_KEYS} object keys",
+            f"JSON value exceeds the maximum key count of {MAX_JSON_KEYS} object keys",
             code="json_too_large",
             limit=MAX_JSON_KEYS,
         )
     if counter.values > MAX_JSON_VALUES:
         raise JsonLimitError(
-            f"JSON value has more than {MAX_JSON_VALUES} values",
+            f"JSON value exceeds the maximum value count of {MAX_JSON_VALUES} values",
             code="json_too_large",
             limit=MAX_JSON_VALUES,
         )
@@ -203,7 +211,7 @@ def _check_counts(counter: _Counter) -> None:
 
 def _depth_error() -> JsonLimitError:
     return JsonLimitError(
-        f"JSON value is nested deeper than {MAX_JSON_DEPTH} levels",
+        f"JSON value exceeds the maximum depth of {MAX_JSON_DEPTH} nested containers",
         code="json_too_deep",
         limit=MAX_JSON_DEPTH,
     )
@@ -321,7 +329,7 @@ def bounded_json_size(value: object, limit: int) -> int:
         if isinstance(item, (FrozenDict, dict)) or (
             isinstance(item, Mapping) and not isinstance(item, str)
         ):
-            mapping: Mapping[Any, object] = item  # type: ignore[assignment]
+            mapping: Mapping[Any, object] = item
             n = len(mapping)
             total += 2 + (n - 1 if n else 0) + n  # braces, commas, colons
             for key, sub in mapping.items():
@@ -374,11 +382,10 @@ def json_representations_equal(left: object, right: object) -> bool:
     """Exact representation equality: same types, same float bits, same key order."""
     if type(left) is not type(right):
         # Frozen and plain containers of the same JSON kind still compare.
-        if isinstance(left, Mapping) and isinstance(right, Mapping):
-            pass
-        elif isinstance(left, (list, tuple)) and isinstance(right, (list, tuple)):
-            pass
-        else:
+        same_kind = (isinstance(left, Mapping) and isinstance(right, Mapping)) or (
+            isinstance(left, (list, tuple)) and isinstance(right, (list, tuple))
+        )
+        if not same_kind:
             return False
     if isinstance(left, float):
         assert isinstance(right, float)

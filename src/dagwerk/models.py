@@ -11,7 +11,16 @@ from __future__ import annotations
 import re
 from collections.abc import Mapping
 from types import MappingProxyType
-from typing import TYPE_CHECKING, Annotated, Any, Literal, Protocol, Self, TypeAlias, runtime_checkable
+from typing import (
+    TYPE_CHECKING,
+    Annotated,
+    Any,
+    Literal,
+    Protocol,
+    Self,
+    TypeAlias,
+    runtime_checkable,
+)
 
 from pydantic import (
     BaseModel,
@@ -82,7 +91,7 @@ RESERVED_EDGE_NAME = "input"
 
 
 def validate_edge_name(value: object) -> str:
-    """Edge names: ASCII letter or ``_`` first, then letters, digits, ``_``, ``-``; not ``input``."""
+    """Edge names: an ASCII letter or ``_``, then letters, digits, ``_``, ``-``; not ``input``."""
     if not isinstance(value, str):
         raise ValueError("edge name must be a string")
     if value == RESERVED_EDGE_NAME:
@@ -201,7 +210,7 @@ class FilterRule(_FrozenModel):
             and len(self.value) > MAX_FILTER_MEMBERSHIP_VALUES
         ):
             raise ValueError(
-                f"{self.operator.value} filter has {len(self.value)} values; "
+                f"{self.operator.value} membership filter has {len(self.value)} values; "
                 f"maximum is {MAX_FILTER_MEMBERSHIP_VALUES}"
             )
         return self
@@ -238,18 +247,16 @@ class DagNode(BaseModel):
     slug: NonEmptyStr
     plugin: NonEmptyStr
     edges: tuple[InputEdge, ...] = Field(default=(), max_length=MAX_INPUT_EDGES_PER_NODE)
-    bindings: dict[str, InputBinding] = Field(default_factory=dict)
+    bindings: dict[str, InputBinding] = Field(default_factory=dict, max_length=MAX_NODE_BINDINGS)
     input_mode: InputMode | None = None
     correlation_mode: CorrelationMode = CorrelationMode.DEFAULT
 
     @field_validator("bindings")
     @classmethod
     def _check_bindings(cls, value: dict[str, Any]) -> dict[str, Any]:
-        if len(value) > MAX_NODE_BINDINGS:
-            raise ValueError(f"node has {len(value)} bindings; maximum is {MAX_NODE_BINDINGS}")
         for key in value:
             if not isinstance(key, str) or not key:
-                raise ValueError("binding names must be non-empty strings")
+                raise ValueError("binding names must not be empty")
         return value
 
     def model_copy(self, *, update: Mapping[str, Any] | None = None, deep: bool = False) -> Self:
@@ -300,7 +307,7 @@ OutputFields: TypeAlias = Annotated[FrozenDict, Field(default_factory=FrozenDict
 ReadOnlyData: TypeAlias = Annotated[
     Mapping[str, object],
     PlainValidator(_read_only_copy),
-    PlainSerializer(lambda v: dict(v), return_type=dict),
+    PlainSerializer(dict, return_type=dict),
     WithJsonSchema({"type": "object"}),
 ]
 
@@ -336,7 +343,7 @@ class PlannedEdgeInput(_FrozenModel):
     @classmethod
     def _unique(cls, value: tuple[str, ...]) -> tuple[str, ...]:
         if len(set(value)) != len(value):
-            raise ValueError("output ids must be unique within an edge")
+            raise ValueError("planned edge contains duplicate output IDs")
         return value
 
 
@@ -344,17 +351,19 @@ def _secret_refs(value: object) -> Mapping[str, str]:
     if not isinstance(value, Mapping):
         raise ValueError("secret_refs must be a mapping")
     for key, name in value.items():
-        if not isinstance(key, str) or not key:
-            raise ValueError("secret targets must be non-empty strings")
-        if not isinstance(name, str) or not name:
-            raise ValueError("secret names must be non-empty strings")
+        if not isinstance(key, str) or not isinstance(name, str):
+            raise ValueError("secret targets and names must be strings")
+        if not key:
+            raise ValueError("secret reference targets must not be empty")
+        if not name:
+            raise ValueError("secret reference names must not be empty")
     return MappingProxyType(dict(value))
 
 
 SecretRefs: TypeAlias = Annotated[
     Mapping[str, str],
     PlainValidator(_secret_refs),
-    PlainSerializer(lambda v: dict(v), return_type=dict),
+    PlainSerializer(dict, return_type=dict),
     WithJsonSchema({"type": "object"}),
 ]
 
@@ -382,12 +391,12 @@ class TaskInputPlan(_FrozenModel):
             raise ValueError("plan edge names must be unique")
         overlap = set(self.parameters) & set(self.secret_refs)
         if overlap:
-            raise ValueError(
-                f"plan targets {sorted(overlap)} appear in both parameters and secret_refs"
-            )
+            raise ValueError(f"parameter and secret targets overlap: {sorted(overlap)}")
         refs = sum(len(edge.output_ids) for edge in self.edges)
         if refs > MAX_OUTPUT_REFS_PER_PLAN:
-            raise ValueError(f"plan references {refs} outputs; maximum is {MAX_OUTPUT_REFS_PER_PLAN}")
+            raise ValueError(
+                f"plan references {refs} outputs; maximum is {MAX_OUTPUT_REFS_PER_PLAN}"
+            )
         size = task_plan_size(self, limit=MAX_TASK_PLAN_BYTES)
         if size > MAX_TASK_PLAN_BYTES:
             raise ValueError(f"task plan exceeds the {MAX_TASK_PLAN_BYTES}-byte limit")
@@ -461,10 +470,10 @@ class PlanningSnapshot(_FrozenModel):
 class NodeLaunch(_FrozenModel):
     """The record of one node generation's planning outcome."""
 
-    id: str
-    run_id: str
+    id: NonEmptyStr
+    run_id: NonEmptyStr
     node_index: StrictIndex
-    plugin_name: str
+    plugin_name: NonEmptyStr
     generation: StrictIndex
     disposition: NodeDisposition
     task_ids: tuple[str, ...] = ()
@@ -507,6 +516,6 @@ class LaunchCreateResult(_FrozenModel):
 class TaskContext(_FrozenModel):
     """Where a task sits: its run, node and generation."""
 
-    run_id: str
+    run_id: NonEmptyStr
     node_index: StrictIndex
     generation: StrictIndex

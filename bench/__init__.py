@@ -1,0 +1,1 @@
+"""Benchmarks: scripts run by hand (``python -m bench.<name>``), not tests."""
