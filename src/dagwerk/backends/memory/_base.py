@@ -1,0 +1,167 @@
+"""Shared state and helpers of the in-memory store (private).
+
+Every public method of :class:`MemoryStore` takes ``self._lock`` for its whole
+body and is one "transaction": it validates everything first, then mutates,
+so a rejected call changes nothing. Status changes go through
+:meth:`MemoryStoreBase._set_status`, which checks the transition table and
+keeps the per-run counters that make the failure policies cheap.
+"""
+
+from __future__ import annotations
+
+import threading
+import uuid
+from itertools import count
+
+from dagwerk.constants import NodeDisposition, RunStatus, TaskStatus
+from dagwerk.limits import DEFAULT_LIMITS, Limits
+from dagwerk.store import Delivery, TaskRecoveryResult
+from dagwerk.topology import RunTopology
+from dagwerk.transitions import check_task_transition
+
+from ._state import RunState, TaskState, WaitRecord, WaitState
+
+_UNFINISHED = frozenset(
+    {TaskStatus.PENDING, TaskStatus.QUEUED, TaskStatus.RUNNING, TaskStatus.WAITING}
+)
+_FAILURES = frozenset({TaskStatus.FAILED, TaskStatus.CRASHED})
+
+
+class MemoryStoreBase:
+    """Holds the state; the mixins implement the protocol methods."""
+
+    def __init__(self, *, limits: Limits | None = None) -> None:
+        self.limits: Limits = limits if limits is not None else DEFAULT_LIMITS
+        self._lock = threading.RLock()
+        self._runs: dict[str, RunState] = {}
+        self._tasks: dict[str, TaskState] = {}
+        # (task_id, wait_id) -> record; kept after resolution and invalidation (WT-16).
+        self._waits: dict[tuple[str, str], WaitRecord] = {}
+        # (task_id, abandoned attempt, generation) -> first recovery result (WT-13).
+        self._recoveries: dict[tuple[str, str, int], TaskRecoveryResult] = {}
+        # Deliverable outbox rows in creation order; task -> its row ids.
+        self._deliveries: dict[str, Delivery] = {}
+        self._task_rows: dict[str, list[str]] = {}
+        self._seq = count()
+
+    # -- identities ----------------------------------------------------------
+
+    def _new_attempt_id(self) -> str:
+        return uuid.uuid4().hex
+
+    def _next_seq(self) -> int:
+        return next(self._seq)
+
+    # -- lookups -------------------------------------------------------------
+
+    def _topology(self, run: RunState) -> RunTopology:
+        # Built lazily: a stored definition is validated by start_run before
+        # any operation that needs the graph can succeed.
+        if run.topology is None:
+            run.topology = RunTopology.build(list(run.nodes), limits=self.limits)
+        return run.topology
+
+    def _owned(self, task: TaskState) -> RunState | None:
+        """The task's run if the task belongs to its node's active launch and
+        generation (FN-11), else ``None``."""
+        run = self._runs.get(task.run_id)
+        if run is None or task.invalidated:
+            return None
+        launch = run.launches.get(task.node_index)
+        if (
+            launch is None
+            or launch.launch_id != task.launch_id
+            or launch.generation != task.generation
+            or run.generations[task.node_index] != task.generation
+            or task.plan.generation != task.generation
+        ):
+            return None
+        return run
+
+    def _current_running(self, task_id: str, attempt_id: str) -> tuple[RunState, TaskState] | None:
+        """The run and task if ``attempt_id`` owns a RUNNING task of an active
+        launch in a RUNNING run."""
+        task = self._tasks.get(task_id)
+        if task is None:
+            return None
+        run = self._owned(task)
+        if (
+            run is None
+            or run.status is not RunStatus.RUNNING
+            or task.status is not TaskStatus.RUNNING
+            or task.attempt_id != attempt_id
+        ):
+            return None
+        return run, task
+
+    # -- mutations (callers have validated everything) ------------------------
+
+    def _set_status(self, run: RunState, task: TaskState, new: TaskStatus) -> None:
+        old = task.status
+        check_task_transition(old, new)
+        task.status = new
+        if not task.invalidated:
+            run.counts[old] -= 1
+            run.counts[new] += 1
+            if new in _FAILURES:
+                run.failed_tasks[task.task_id] = task.seq
+            elif old in _FAILURES:
+                run.failed_tasks.pop(task.task_id, None)
+
+    def _enqueue(self, run: RunState, task: TaskState) -> None:
+        """Write the outbox row for the task's current attempt."""
+        delivery = Delivery(
+            delivery_id=uuid.uuid4().hex,
+            task_id=task.task_id,
+            attempt_id=task.attempt_id,
+            generation=task.generation,
+            run_id=run.run_id,
+            node_index=task.node_index,
+            launch_id=task.launch_id,
+        )
+        self._deliveries[delivery.delivery_id] = delivery
+        self._task_rows.setdefault(task.task_id, []).append(delivery.delivery_id)
+
+    def _replace_attempt(self, run: RunState, task: TaskState) -> str:
+        """A new QUEUED attempt with its outbox row, in the caller's transaction."""
+        task.attempt_id = self._new_attempt_id()
+        task.error = None
+        task.failure = None
+        self._set_status(run, task, TaskStatus.QUEUED)
+        self._enqueue(run, task)
+        return task.attempt_id
+
+    def _drop_rows(self, task_id: str) -> None:
+        for delivery_id in self._task_rows.pop(task_id, ()):
+            self._deliveries.pop(delivery_id, None)
+
+    def _stop_task(self, run: RunState, task: TaskState) -> None:
+        """Invalidate the task's active wait, cancel it if unfinished, and drop
+        its deliveries."""
+        if task.active_wait_id is not None:
+            wait = self._waits[(task.task_id, task.active_wait_id)]
+            wait.state = WaitState.INVALIDATED
+            task.active_wait_id = None
+        if task.status in _UNFINISHED:
+            self._set_status(run, task, TaskStatus.CANCELLED)
+        self._drop_rows(task.task_id)
+
+    def _bump(self, run: RunState, node_index: int) -> None:
+        run.node_revisions[node_index] += 1
+
+    def _token(self, run: RunState, node_index: int) -> str:
+        """A token covering the run epoch, the node's generation and the state
+        revision of each of its sources: any change makes it stale."""
+        sources = sorted(set(self._topology(run).dependencies[node_index]))
+        revisions = ",".join(f"{s}:{run.node_revisions[s]}" for s in sources)
+        return f"{run.run_id}|{run.epoch}|{node_index}|{run.generations[node_index]}|{revisions}"
+
+    def _failed_nodes(self, run: RunState) -> set[int]:
+        """Active nodes with a FAILED planning launch or a FAILED/CRASHED task."""
+        nodes = {
+            index
+            for index, launch in run.launches.items()
+            if launch.disposition is NodeDisposition.FAILED
+        }
+        nodes.update(self._tasks[task_id].node_index for task_id in run.failed_tasks)
+        return nodes

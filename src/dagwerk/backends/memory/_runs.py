@@ -1,0 +1,307 @@
+"""Run lifecycle of the in-memory store: create, start, finalise, cancel, reopen."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+
+from dagwerk.constants import (
+    RUN_RETRYABLE_STATUSES,
+    RUN_TERMINAL_STATUSES,
+    FailurePolicy,
+    NodeDisposition,
+    RunStatus,
+    TaskStatus,
+)
+from dagwerk.errors import JsonLimitError
+from dagwerk.json import bounded_json_size, freeze_object
+from dagwerk.models import DagNode
+from dagwerk.store import (
+    InvalidStoreValueError,
+    NodeLaunchRef,
+    RunActivity,
+    RunRecord,
+    RunReopenResult,
+    TaskAttemptRef,
+)
+from dagwerk.transitions import check_run_transition
+
+from ._base import MemoryStoreBase
+from ._state import RunState
+
+_FAILED_RUN_TASK = {RunStatus.FAILED: TaskStatus.FAILED, RunStatus.CRASHED: TaskStatus.CRASHED}
+
+
+class RunsMixin(MemoryStoreBase):
+    def create_run(
+        self,
+        run_id: str,
+        nodes: Sequence[DagNode],
+        *,
+        run_input: Mapping[str, object] | None = None,
+        failure_policy: FailurePolicy | str = FailurePolicy.FAIL_FAST,
+    ) -> bool:
+        """Store a PENDING run with validated copies of its nodes and frozen input.
+
+        False (no change) if the id exists. The graph itself is validated by
+        ``start_run`` (OR-01), so an invalid graph can be stored but never starts.
+        """
+        with self._lock:
+            if not isinstance(run_id, str) or not run_id:
+                raise InvalidStoreValueError("run ID must be a non-empty string", field="run_id")
+            if run_id in self._runs:
+                return False
+            if isinstance(nodes, (str, bytes)) or not isinstance(nodes, Sequence):
+                raise InvalidStoreValueError("nodes must be a sequence of DagNode", field="nodes")
+            copies: list[DagNode] = []
+            for index, node in enumerate(nodes):
+                if not isinstance(node, DagNode):
+                    raise InvalidStoreValueError(
+                        f"node {index} is not a DagNode", field=f"nodes[{index}]"
+                    )
+                copies.append(node.model_copy(deep=True))
+            policy = FailurePolicy(failure_policy)
+            frozen = freeze_object(run_input)
+            limit = self.limits.max_run_input_bytes
+            if bounded_json_size(frozen, limit) > limit:
+                raise JsonLimitError(
+                    f"run input exceeds the {limit}-byte limit", field="run_input", limit=limit
+                )
+            self._runs[run_id] = RunState(
+                run_id=run_id, nodes=tuple(copies), run_input=frozen, failure_policy=policy
+            )
+            return True
+
+    def get_run_status(self, run_id: str) -> RunStatus | None:
+        with self._lock:
+            run = self._runs.get(run_id)
+            return None if run is None else run.status
+
+    def get_run_nodes(self, run_id: str) -> list[DagNode] | None:
+        with self._lock:
+            run = self._runs.get(run_id)
+            return None if run is None else [node.model_copy() for node in run.nodes]
+
+    def get_run(self, run_id: str) -> RunRecord | None:
+        with self._lock:
+            run = self._runs.get(run_id)
+            if run is None:
+                return None
+            return RunRecord(
+                run_id=run.run_id,
+                status=run.status,
+                failure_policy=run.failure_policy,
+                retry_count=run.retry_count,
+                error=run.error,
+                node_count=len(run.nodes),
+                settled_nodes=run.settled_nodes,
+            )
+
+    def get_run_activity(self, run_id: str) -> RunActivity | None:
+        with self._lock:
+            run = self._runs.get(run_id)
+            if run is None:
+                return None
+            failed_launches = tuple(
+                NodeLaunchRef(launch.launch_id, index, launch.generation)
+                for index, launch in sorted(run.launches.items())
+                if launch.disposition is NodeDisposition.FAILED
+            )
+            failed: list[TaskAttemptRef] = []
+            crashed: list[TaskAttemptRef] = []
+            for task_id in sorted(run.failed_tasks, key=run.failed_tasks.__getitem__):
+                task = self._tasks[task_id]
+                ref = TaskAttemptRef(task.task_id, task.attempt_id)
+                (failed if task.status is TaskStatus.FAILED else crashed).append(ref)
+            return RunActivity(
+                queued=run.counts[TaskStatus.QUEUED],
+                running=run.counts[TaskStatus.RUNNING],
+                waiting=run.counts[TaskStatus.WAITING],
+                failed_nodes=frozenset(self._failed_nodes(run)),
+                failed_launches=failed_launches,
+                failed_tasks=tuple(failed),
+                crashed_tasks=tuple(crashed),
+            )
+
+    def try_start_run(self, run_id: str) -> bool:
+        with self._lock:
+            run = self._runs.get(run_id)
+            if run is None:
+                return False
+            if run.status is RunStatus.RUNNING:
+                return True
+            if run.status is not RunStatus.PENDING:
+                return False
+            check_run_transition(run.status, RunStatus.RUNNING)
+            run.status = RunStatus.RUNNING
+            return True
+
+    # -- terminal transitions --------------------------------------------------
+
+    def try_finalize_run(
+        self,
+        run_id: str,
+        status: RunStatus,
+        *,
+        cause: TaskAttemptRef | NodeLaunchRef | None = None,
+        reason: str | None = None,
+    ) -> bool:
+        with self._lock:
+            status = _terminal_status(status)
+            if cause is not None and reason is not None:
+                raise InvalidStoreValueError(
+                    "a terminal transition takes a cause or a reason, not both", field="cause"
+                )
+            if status is RunStatus.COMPLETED and (cause is not None or reason is not None):
+                raise InvalidStoreValueError(
+                    "run completion takes no cause or reason", field="cause"
+                )
+            if cause is not None and not isinstance(cause, (TaskAttemptRef, NodeLaunchRef)):
+                raise InvalidStoreValueError(
+                    "cause must be a TaskAttemptRef or NodeLaunchRef", field="cause"
+                )
+            if cause is not None and status is RunStatus.CANCELLED:
+                raise InvalidStoreValueError("cancellation takes no cause", field="cause")
+            if reason is not None and not isinstance(reason, str):
+                raise InvalidStoreValueError("reason must be a string", field="reason")
+            run = self._runs.get(run_id)
+            if run is None or run.status in RUN_TERMINAL_STATUSES:
+                return False
+            if status is RunStatus.COMPLETED:
+                if run.status is not RunStatus.RUNNING or not self._can_complete(run):
+                    return False
+                error = None
+            elif cause is not None:
+                found = self._cause_error(run, status, cause)
+                if found is None:
+                    return False
+                error = found
+            else:
+                error = reason
+            self._terminate(run, status, error)
+            return True
+
+    def try_cancel_run(self, run_id: str, reason: str | None = None) -> bool:
+        with self._lock:
+            if reason is not None and not isinstance(reason, str):
+                raise InvalidStoreValueError("reason must be a string", field="reason")
+            run = self._runs.get(run_id)
+            if run is None or run.status not in (RunStatus.PENDING, RunStatus.RUNNING):
+                return False
+            self._terminate(run, RunStatus.CANCELLED, reason)
+            return True
+
+    def _can_complete(self, run: RunState) -> bool:
+        # OR-09: an active launch for exactly every stored node, all complete,
+        # none failed; complete LAUNCHED launches have only COMPLETED tasks.
+        if set(run.launches) != set(range(len(run.nodes))):
+            return False
+        return all(
+            launch.complete
+            and launch.disposition not in (NodeDisposition.FAILED, NodeDisposition.UPSTREAM_FAILED)
+            for launch in run.launches.values()
+        )
+
+    def _cause_error(
+        self, run: RunState, status: RunStatus, cause: TaskAttemptRef | NodeLaunchRef
+    ) -> str | None:
+        """The persisted error of a still-current cause, else ``None`` (OR-10, OR-11)."""
+        if isinstance(cause, NodeLaunchRef):
+            launch = run.launches.get(cause.node_index)
+            if (
+                status is not RunStatus.FAILED
+                or launch is None
+                or launch.launch_id != cause.launch_id
+                or launch.generation != cause.generation
+                or launch.disposition is not NodeDisposition.FAILED
+            ):
+                return None
+            return launch.error
+        task = self._tasks.get(cause.task_id)
+        if task is None or task.run_id != run.run_id or self._owned(task) is None:
+            return None
+        if task.attempt_id != cause.attempt_id or task.status is not _FAILED_RUN_TASK[status]:
+            return None
+        return task.error if task.error is not None else ""
+
+    def _terminate(self, run: RunState, status: RunStatus, error: str | None) -> None:
+        check_run_transition(run.status, status)
+        # Waits are invalidated and unfinished work cancelled in the same
+        # commit as the terminal status, so nothing is stranded (OR-12).
+        for launch in run.launches.values():
+            for task_id in launch.task_ids:
+                self._stop_task(run, self._tasks[task_id])
+        run.status = status
+        run.error = error
+        run.epoch += 1
+
+    # -- run retry ---------------------------------------------------------------
+
+    def try_reopen_run(
+        self, run_id: str, boundary_indices: tuple[int, ...] | None
+    ) -> RunReopenResult | None:
+        with self._lock:
+            run = self._runs.get(run_id)
+            if run is None or run.status not in RUN_RETRYABLE_STATUSES:
+                return None
+            count = len(run.nodes)
+            failed_nodes = self._failed_nodes(run)
+            if boundary_indices is not None:
+                if run.status not in (RunStatus.FAILED, RunStatus.CRASHED):
+                    return None
+                boundary = tuple(boundary_indices)
+                if not boundary:
+                    return None
+                for index in boundary:
+                    if type(index) is not int or not 0 <= index < count:
+                        return None
+                    if index not in run.launches or index not in failed_nodes:
+                        return None
+            topology = self._topology(run)
+            # RT-05: the store derives the affected set from every unsuccessful
+            # active launch; the boundary above is only an assertion.
+            roots = [
+                index
+                for index, launch in run.launches.items()
+                if not launch.complete
+                or launch.disposition in (NodeDisposition.FAILED, NodeDisposition.UPSTREAM_FAILED)
+            ]
+            affected = sorted(topology.downstream_closure(roots)) if roots else []
+            for index in affected:
+                self._invalidate_node(run, index)
+            check_run_transition(run.status, RunStatus.RUNNING)
+            run.status = RunStatus.RUNNING
+            run.error = None
+            run.retry_count += 1
+            run.epoch += 1
+            return RunReopenResult(
+                affected_nodes=tuple(affected),
+                retry_count=run.retry_count,
+                generations={index: run.generations[index] for index in affected},
+            )
+
+    def _invalidate_node(self, run: RunState, index: int) -> None:
+        """Retire the node's active generation as a unit (RT-06)."""
+        launch = run.launches.pop(index, None)
+        if launch is not None:
+            for task_id in launch.task_ids:
+                task = self._tasks[task_id]
+                self._stop_task(run, task)
+                # Leave the active-generation counters before the flag hides it.
+                run.counts[task.status] -= 1
+                run.failed_tasks.pop(task_id, None)
+                task.invalidated = True
+        for output_id in run.node_outputs.pop(index, ()):
+            # The ID stays reserved; the output stops resolving (TI-03).
+            run.outputs[output_id].invalidated = True
+        run.generations[index] += 1
+        self._bump(run, index)
+
+
+def _terminal_status(status: object) -> RunStatus:
+    try:
+        value = RunStatus(status)  # type: ignore[arg-type]
+    except ValueError:
+        raise InvalidStoreValueError(f"unknown run status {status!r}", field="status") from None
+    if value not in RUN_TERMINAL_STATUSES:
+        raise InvalidStoreValueError(f"run status {value.value!r} is not terminal", field="status")
+    return value

@@ -1,0 +1,28 @@
+"""The in-memory reference store."""
+
+from __future__ import annotations
+
+from dagwerk.limits import Limits
+
+from ._launches import LaunchesMixin
+from ._runs import RunsMixin
+from ._tasks import TasksMixin
+
+
+class MemoryStore(RunsMixin, LaunchesMixin, TasksMixin):
+    """Implements ``DagStore``, ``DagWaitStore``, ``DagRetryStore``,
+    ``OutputResolver``, ``DagRunStore`` and ``RunActivityStore`` in memory.
+
+    Thread-safe: one re-entrant lock serialises every public method, and each
+    method is one transaction (validate, then write). It keeps wait, resume
+    and recovery records so exact repeats replay their first result (WT-16),
+    reserves output IDs for a run's lifetime, and keeps the outbox as an
+    ordered table of deliveries. It is the reference the other backends are
+    compared against, and the store of quick local runs.
+
+    ``limits`` bounds publication, launches, snapshots and run input
+    (default ``Limits()``); the orchestrator reads it from ``store.limits``.
+    """
+
+    def __init__(self, *, limits: Limits | None = None) -> None:
+        super().__init__(limits=limits)

@@ -1,0 +1,756 @@
+"""Store protocols, their result records and the errors of the store boundary.
+
+An application brings its own database and queue by implementing these
+protocols; :mod:`dagwerk.backends` ships implementations. Every method that
+changes state runs as one transaction under the run's serialisation boundary:
+it validates everything first, then writes, so a rejected call changes
+nothing. ``try_*`` methods return ``None`` (or ``False``) when the transition
+is refused; refusal never raises. Exact repeats of committed callbacks return
+the first stored result.
+
+Result records validate their own fields, so a store cannot hand the
+orchestrator a malformed record by accident.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from types import MappingProxyType
+from typing import Protocol, runtime_checkable
+
+from dagwerk.constants import (
+    MAX_OUTPUTS_PER_TASK_COMPLETION,
+    MAX_TASK_COMPLETION_ROUTING_BYTES,
+    MAX_WAIT_ID_LENGTH,
+    FailurePolicy,
+    NodeDisposition,
+    RunStatus,
+    TaskStatus,
+)
+from dagwerk.errors import DagwerkError
+from dagwerk.models import (
+    DagNode,
+    EmittedOutput,
+    LaunchCreateResult,
+    NodeLaunch,
+    PlanningSnapshot,
+    ResolvedOutput,
+    TaskInputPlan,
+)
+
+__all__ = [
+    "DagRetryStore",
+    "DagRunStore",
+    "DagStore",
+    "DagWaitStore",
+    "Delivery",
+    "InvalidStoreValueError",
+    "NodeLaunchRef",
+    "OutputPublicationError",
+    "OutputResolver",
+    "RunActivity",
+    "RunActivityStore",
+    "RunRecord",
+    "RunReopenResult",
+    "StoreContractError",
+    "TaskAttemptRef",
+    "TaskClaimResult",
+    "TaskCompletionResult",
+    "TaskFailureResult",
+    "TaskRecord",
+    "TaskRecoveryResult",
+    "TaskResumeResult",
+    "TaskWaitResult",
+    "validate_output_batch_routing_size",
+    "validate_output_batch_size",
+    "validate_wait_id",
+]
+
+
+# --- errors -----------------------------------------------------------------
+
+
+class StoreContractError(DagwerkError, RuntimeError):
+    """A store returned state that contradicts the request or the protocol."""
+
+    code = "store_contract_violation"
+
+
+class OutputPublicationError(DagwerkError, ValueError):
+    """The current attempt supplied outputs that cannot be published."""
+
+    code = "output_publication_invalid"
+
+
+class InvalidStoreValueError(DagwerkError, ValueError):
+    """A request to the store, or a record built for it, has an invalid field."""
+
+    code = "store_value_invalid"
+
+
+# --- validation helpers -----------------------------------------------------
+
+
+def validate_wait_id(wait_id: object, *, limit: int = MAX_WAIT_ID_LENGTH) -> None:
+    """A wait key is a non-empty ``str`` of at most ``limit`` characters without NUL.
+
+    Whitespace is significant and kept verbatim.
+    """
+    if not isinstance(wait_id, str):
+        raise InvalidStoreValueError("wait ID must be a string", field="wait_id")
+    if not wait_id:
+        raise InvalidStoreValueError("wait ID must not be empty", field="wait_id")
+    if len(wait_id) > limit:
+        raise InvalidStoreValueError(
+            f"wait ID is {len(wait_id)} characters; maximum is {limit}",
+            field="wait_id",
+            limit=limit,
+        )
+    if "\x00" in wait_id:
+        raise InvalidStoreValueError("wait ID must not contain NUL", field="wait_id")
+
+
+def _check_count(value: object, name: str) -> int:
+    if type(value) is not int or value < 0:
+        raise InvalidStoreValueError(f"{name} must be a non-negative int", field=name)
+    return value
+
+
+def validate_output_batch_size(
+    output_count: int, *, limit: int = MAX_OUTPUTS_PER_TASK_COMPLETION
+) -> None:
+    """Reject a first completion batch holding more than ``limit`` outputs."""
+    count = _check_count(output_count, "output_count")
+    if count > limit:
+        raise OutputPublicationError(
+            f"task completion contains {count} outputs; maximum is {limit}",
+            field="outputs",
+            limit=limit,
+        )
+
+
+def validate_output_batch_routing_size(
+    routing_size: int, *, limit: int = MAX_TASK_COMPLETION_ROUTING_BYTES
+) -> None:
+    """Reject a first completion batch whose routing data exceeds ``limit`` bytes."""
+    size = _check_count(routing_size, "routing_size")
+    if size > limit:
+        raise OutputPublicationError(
+            f"task completion routing data is {size} bytes; maximum is {limit}",
+            field="outputs",
+            limit=limit,
+        )
+
+
+def _check_id(value: object, name: str) -> None:
+    if not isinstance(value, str) or not value:
+        raise InvalidStoreValueError(f"{name} must be a non-empty string", field=name)
+
+
+def _check_index(value: object, name: str) -> None:
+    # bool is an int subclass; structural integers reject it (LM-30).
+    if type(value) is not int or value < 0:
+        raise InvalidStoreValueError(f"{name} must be a non-negative int", field=name)
+
+
+def _check_optional_wait(value: object, name: str) -> None:
+    if value is not None:
+        try:
+            validate_wait_id(value)
+        except InvalidStoreValueError as exc:
+            raise InvalidStoreValueError(f"{name}: {exc.message}", field=name) from None
+
+
+# --- references and results -------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class TaskAttemptRef:
+    """Names one attempt of a task, e.g. as the cause of a run failure."""
+
+    task_id: str
+    attempt_id: str
+
+    def __post_init__(self) -> None:
+        _check_id(self.task_id, "task_id")
+        _check_id(self.attempt_id, "attempt_id")
+
+
+@dataclass(frozen=True, slots=True)
+class NodeLaunchRef:
+    """Names one node launch of one generation, e.g. a failed planning launch."""
+
+    launch_id: str
+    node_index: int
+    generation: int
+
+    def __post_init__(self) -> None:
+        _check_id(self.launch_id, "launch_id")
+        _check_index(self.node_index, "node_index")
+        _check_index(self.generation, "generation")
+
+
+@dataclass(frozen=True, slots=True)
+class _TaskResultBase:
+    task_id: str
+    run_id: str
+    node_index: int
+    generation: int
+
+    def _check_base(self) -> None:
+        _check_id(self.task_id, "task_id")
+        _check_id(self.run_id, "run_id")
+        _check_index(self.node_index, "node_index")
+        _check_index(self.generation, "generation")
+
+
+@dataclass(frozen=True, slots=True)
+class TaskClaimResult:
+    """The attempt a delivery may now execute; ``resumed_from_wait_id`` names the
+    application checkpoint to load when the attempt descends from a resume."""
+
+    task_id: str
+    attempt_id: str
+    run_id: str
+    node_index: int
+    generation: int
+    resumed_from_wait_id: str | None = None
+
+    def __post_init__(self) -> None:
+        _check_id(self.task_id, "task_id")
+        _check_id(self.attempt_id, "attempt_id")
+        _check_id(self.run_id, "run_id")
+        _check_index(self.node_index, "node_index")
+        _check_index(self.generation, "generation")
+        _check_optional_wait(self.resumed_from_wait_id, "resumed_from_wait_id")
+
+
+@dataclass(frozen=True, slots=True)
+class TaskRecoveryResult:
+    """A committed recovery: ``recovered_attempt_id`` replaced ``abandoned_attempt_id``.
+
+    It records the transition; it does not authorise execution.
+    """
+
+    task_id: str
+    abandoned_attempt_id: str
+    recovered_attempt_id: str
+    run_id: str
+    node_index: int
+    generation: int
+    resumed_from_wait_id: str | None = None
+
+    def __post_init__(self) -> None:
+        _check_id(self.task_id, "task_id")
+        _check_id(self.abandoned_attempt_id, "abandoned_attempt_id")
+        _check_id(self.recovered_attempt_id, "recovered_attempt_id")
+        _check_id(self.run_id, "run_id")
+        _check_index(self.node_index, "node_index")
+        _check_index(self.generation, "generation")
+        _check_optional_wait(self.resumed_from_wait_id, "resumed_from_wait_id")
+        if self.recovered_attempt_id == self.abandoned_attempt_id:
+            raise InvalidStoreValueError(
+                "recovered attempt must differ from the abandoned attempt",
+                field="recovered_attempt_id",
+            )
+
+
+@dataclass(frozen=True, slots=True)
+class TaskWaitResult:
+    """A committed wait: ``attempt_id`` released its worker under ``wait_id``."""
+
+    task_id: str
+    attempt_id: str
+    run_id: str
+    node_index: int
+    generation: int
+    wait_id: str
+
+    def __post_init__(self) -> None:
+        _check_id(self.task_id, "task_id")
+        _check_id(self.attempt_id, "attempt_id")
+        _check_id(self.run_id, "run_id")
+        _check_index(self.node_index, "node_index")
+        _check_index(self.generation, "generation")
+        validate_wait_id(self.wait_id)
+
+
+@dataclass(frozen=True, slots=True)
+class TaskResumeResult:
+    """A committed resume: ``resumed_attempt_id`` replaced ``waiting_attempt_id``.
+
+    It records the transition; the new attempt still has to win a claim.
+    """
+
+    task_id: str
+    waiting_attempt_id: str
+    resumed_attempt_id: str
+    run_id: str
+    node_index: int
+    generation: int
+    wait_id: str
+
+    def __post_init__(self) -> None:
+        _check_id(self.task_id, "task_id")
+        _check_id(self.waiting_attempt_id, "waiting_attempt_id")
+        _check_id(self.resumed_attempt_id, "resumed_attempt_id")
+        _check_id(self.run_id, "run_id")
+        _check_index(self.node_index, "node_index")
+        _check_index(self.generation, "generation")
+        validate_wait_id(self.wait_id)
+        if self.resumed_attempt_id == self.waiting_attempt_id:
+            raise InvalidStoreValueError(
+                "resumed attempt must differ from the waiting attempt",
+                field="resumed_attempt_id",
+            )
+
+
+@dataclass(frozen=True, slots=True)
+class TaskCompletionResult:
+    """A committed completion; ``launch_complete`` says whether it completed its launch."""
+
+    task_id: str
+    attempt_id: str
+    run_id: str
+    node_index: int
+    generation: int
+    launch_complete: bool
+
+    def __post_init__(self) -> None:
+        _check_id(self.task_id, "task_id")
+        _check_id(self.attempt_id, "attempt_id")
+        _check_id(self.run_id, "run_id")
+        _check_index(self.node_index, "node_index")
+        _check_index(self.generation, "generation")
+        if not isinstance(self.launch_complete, bool):
+            raise InvalidStoreValueError("launch_complete must be a bool", field="launch_complete")
+
+
+_FAILURE_STATUSES = frozenset({TaskStatus.FAILED, TaskStatus.CRASHED})
+
+
+@dataclass(frozen=True, slots=True)
+class TaskFailureResult:
+    """A committed FAILED or CRASHED result of one attempt."""
+
+    task_id: str
+    attempt_id: str
+    run_id: str
+    node_index: int
+    generation: int
+    status: TaskStatus
+
+    def __post_init__(self) -> None:
+        _check_id(self.task_id, "task_id")
+        _check_id(self.attempt_id, "attempt_id")
+        _check_id(self.run_id, "run_id")
+        _check_index(self.node_index, "node_index")
+        _check_index(self.generation, "generation")
+        if self.status not in _FAILURE_STATUSES:
+            raise InvalidStoreValueError("failure status must be FAILED or CRASHED", field="status")
+
+
+@dataclass(frozen=True, slots=True)
+class RunReopenResult:
+    """What a run retry committed: the affected nodes, their new generations and
+    the run's retry count."""
+
+    affected_nodes: tuple[int, ...]
+    retry_count: int
+    generations: Mapping[int, int]
+
+    def __post_init__(self) -> None:
+        affected = self.affected_nodes
+        if not isinstance(affected, tuple):
+            raise InvalidStoreValueError("affected_nodes must be a tuple", field="affected_nodes")
+        for index in affected:
+            _check_index(index, "affected_nodes")
+        if list(affected) != sorted(set(affected)):
+            raise InvalidStoreValueError(
+                "affected_nodes must be sorted and unique", field="affected_nodes"
+            )
+        if type(self.retry_count) is not int or self.retry_count < 1:
+            raise InvalidStoreValueError("retry_count must be an int >= 1", field="retry_count")
+        if not isinstance(self.generations, Mapping):
+            raise InvalidStoreValueError("generations must be a mapping", field="generations")
+        copied: dict[int, int] = {}
+        for key, value in self.generations.items():
+            _check_index(key, "generations")
+            if type(value) is not int or value < 1:
+                raise InvalidStoreValueError(
+                    "generations must map node indices to ints >= 1", field="generations"
+                )
+            copied[key] = value
+        if set(copied) != set(affected):
+            raise InvalidStoreValueError(
+                "generations must have exactly the affected nodes as keys", field="generations"
+            )
+        object.__setattr__(self, "generations", MappingProxyType(copied))
+
+
+# --- dagwerk extensions: run, task and delivery records ---------------------
+
+
+@dataclass(frozen=True, slots=True)
+class Delivery:
+    """One queue/outbox row: a promise that an attempt will be offered to a worker."""
+
+    delivery_id: str
+    task_id: str
+    attempt_id: str
+    generation: int
+    run_id: str
+    node_index: int
+    launch_id: str
+
+
+@dataclass(frozen=True, slots=True)
+class RunRecord:
+    """A read-only view of one run."""
+
+    run_id: str
+    status: RunStatus
+    failure_policy: FailurePolicy
+    retry_count: int
+    error: str | None
+    node_count: int
+    settled_nodes: int
+
+
+@dataclass(frozen=True, slots=True)
+class TaskRecord:
+    """A read-only view of one task and its current attempt."""
+
+    task_id: str
+    run_id: str
+    node_index: int
+    generation: int
+    launch_id: str
+    status: TaskStatus
+    attempt_id: str
+    plan: TaskInputPlan
+    error: str | None
+    resumed_from_wait_id: str | None
+    active_wait_id: str | None
+    invalidated: bool
+
+
+# --- protocols --------------------------------------------------------------
+
+
+@runtime_checkable
+class DagStore(Protocol):
+    """The storage every application must provide.
+
+    All state changes of one run share one serialisation boundary (the run
+    lock); each method below is one transaction under it. Published routing
+    fields never change.
+    """
+
+    def get_run_status(self, run_id: str) -> RunStatus | None:
+        """The run's status; ``None`` if the run does not exist. Read-only."""
+        ...
+
+    def get_run_nodes(self, run_id: str) -> list[DagNode] | None:
+        """A copy of the node definitions stored with the run; ``None`` if absent.
+
+        The stored definition never changes after the run is created.
+        """
+        ...
+
+    def try_start_run(self, run_id: str) -> bool:
+        """Under the run lock: PENDING -> RUNNING returns True; a RUNNING run also
+        returns True (start requests are redelivered). Missing or terminal runs
+        return False unchanged. Creates no launches."""
+        ...
+
+    def list_node_launches(self, run_id: str) -> Mapping[int, NodeLaunch]:
+        """The run's non-invalidated launches keyed by node index. Read-only;
+        empty for a missing run."""
+        ...
+
+    def get_planning_snapshot(
+        self,
+        run_id: str,
+        node_index: int,
+        source_indices: Mapping[str, int],
+        *,
+        max_outputs_per_edge: int,
+        max_outputs_total: int,
+        max_routing_bytes: int,
+    ) -> PlanningSnapshot:
+        """One consistent read of a node's sources under the run lock.
+
+        Every edge in ``source_indices`` is present in ``outputs_by_edge``; each
+        source with an active launch has its disposition; the snapshot carries
+        the node's current generation, the frozen run input and a token that
+        goes stale when any source state, the run status or a retry changes.
+        At most ``limit + 1`` outputs per edge and ``total + 1`` overall are
+        returned; loading stops after the first output whose routing size
+        crosses ``max_routing_bytes`` (kept as the overflow signal) and later
+        edges are empty. Zero-task sources expose no outputs.
+        """
+        ...
+
+    def try_create_node_launch(  # noqa: PLR0917 (the seed's positional signature)
+        self,
+        run_id: str,
+        node_index: int,
+        plugin_name: str,
+        snapshot_token: str,
+        plans: tuple[TaskInputPlan, ...],
+        zero_task_disposition: NodeDisposition | None,
+        error: str = "",
+    ) -> LaunchCreateResult:
+        """One transaction: check the token and run state, then write the launch,
+        its tasks, plans, first attempts and outbox rows together.
+
+        With no plans it writes a complete zero-task launch with
+        ``zero_task_disposition``. STALE (no launch) when the token is stale,
+        the run is not RUNNING, or an existing launch belongs to another
+        generation; ALREADY_EXISTS (the existing launch) for a repeat against the
+        generation the token represents. Invalid arguments raise before any
+        write.
+        """
+        ...
+
+    def try_claim_task(
+        self, task_id: str, *, expected_attempt_id: str, expected_generation: int
+    ) -> TaskClaimResult | None:
+        """One compare-and-set: the run is RUNNING, the task belongs to the active
+        launch of ``expected_generation``, is QUEUED and its current attempt is
+        ``expected_attempt_id`` -> RUNNING. Only the status changes.
+
+        ``None`` forbids execution and says nothing about why (owned elsewhere,
+        finished, waiting, stale); it does not prove that acking is safe. A
+        second identical claim returns ``None``.
+        """
+        ...
+
+    def try_recover_task(
+        self, task_id: str, *, expected_attempt_id: str, expected_generation: int
+    ) -> TaskRecoveryResult | None:
+        """One transaction: replace the current RUNNING attempt of the active
+        generation with a new QUEUED attempt and its outbox row, keeping the plan
+        and the wait correlation. Callbacks from the abandoned attempt become
+        stale.
+
+        An exact repeat (task, abandoned attempt, generation) returns the stored
+        result even after later changes, without new work. ``None``: the attempt
+        is not the current RUNNING one (or the run is not RUNNING); nothing
+        changed.
+        """
+        ...
+
+    def try_complete_task(
+        self, task_id: str, outputs: tuple[EmittedOutput, ...], *, expected_attempt_id: str
+    ) -> TaskCompletionResult | None:
+        """One transaction: publish the outputs and mark the task COMPLETED,
+        together with launch completeness and progress.
+
+        Ownership is checked before the outputs, so a stale, queued or waiting
+        attempt gets ``None`` even for an oversized batch. A first batch that
+        cannot be published raises :class:`OutputPublicationError` before any
+        write (the task stays RUNNING). Correlation IDs are derived from the
+        stored node and plan; output IDs are reserved for the run's lifetime.
+        An exact repeat by the completing attempt returns the first result and
+        publishes nothing.
+        """
+        ...
+
+    def mark_task_failed(
+        self, task_id: str, error: str, *, expected_attempt_id: str
+    ) -> TaskFailureResult | None:
+        """One transaction: the current RUNNING attempt -> FAILED with ``error``.
+
+        A repeat by that attempt returns the first result while the task still
+        holds it (the first error stays). ``None``: not the current RUNNING
+        attempt of an active task in a RUNNING run; nothing changed.
+        """
+        ...
+
+    def mark_task_crashed(
+        self, task_id: str, error: str, *, expected_attempt_id: str
+    ) -> TaskFailureResult | None:
+        """As :meth:`mark_task_failed`, with status CRASHED."""
+        ...
+
+    def try_finalize_run(
+        self,
+        run_id: str,
+        status: RunStatus,
+        *,
+        cause: TaskAttemptRef | NodeLaunchRef | None = None,
+        reason: str | None = None,
+    ) -> bool:
+        """One transaction: validate and apply a terminal transition.
+
+        A non-terminal ``status``, both ``cause`` and ``reason``, or COMPLETED
+        with either raises ``ValueError``. A cause must still be current in the
+        active generation; its persisted status and error decide the transition
+        and become the run error. COMPLETED requires an active, complete,
+        non-failed launch for every stored node. FAILED/CRASHED/CANCELLED
+        invalidate active waits and cancel unfinished tasks in the same commit.
+        False: missing or terminal run, or preconditions not met; nothing changed.
+        """
+        ...
+
+
+@runtime_checkable
+class DagWaitStore(DagStore, Protocol):
+    """Optional: tasks that wait on application data (human input, providers)."""
+
+    def try_wait_task(
+        self, task_id: str, wait_id: str, *, expected_attempt_id: str, expected_generation: int
+    ) -> TaskWaitResult | None:
+        """One transaction: the current RUNNING attempt -> WAITING under ``wait_id``.
+        No new attempt and no outbox row; the entering delivery is not acked.
+
+        An exact repeat returns the stored result, even after the wait was
+        resolved or invalidated. ``None``: another attempt or generation, a
+        different wait while waiting, a reused wait ID, or a non-RUNNING run.
+        """
+        ...
+
+    def try_resume_task(
+        self, task_id: str, wait_id: str, *, expected_attempt_id: str, expected_generation: int
+    ) -> TaskResumeResult | None:
+        """One transaction: resolve an active wait and create exactly one
+        replacement QUEUED attempt with its outbox row.
+
+        An exact repeat returns the first result without new work, even after
+        later changes. ``None``: unknown wait, wrong attempt or generation, or a
+        wait invalidated before it was resolved.
+        """
+        ...
+
+
+@runtime_checkable
+class DagRetryStore(DagStore, Protocol):
+    """Task and run retries."""
+
+    def try_create_task_retry(self, task_id: str, *, expected_attempt_id: str) -> str | None:
+        """One transaction: replace the current CRASHED attempt (run RUNNING, task in
+        its active launch) with a new QUEUED attempt and its outbox row, keeping
+        plan, generation and wait correlation. Returns the new attempt ID;
+        ``None`` changes nothing."""
+        ...
+
+    def try_reopen_run(
+        self, run_id: str, boundary_indices: tuple[int, ...] | None
+    ) -> RunReopenResult | None:
+        """One transaction under the run lock: reopen a FAILED, CRASHED or
+        CANCELLED run.
+
+        The store derives every unsuccessful active launch and its descendants;
+        a boundary (FAILED/CRASHED runs only) is an assertion that each listed
+        node still holds an active failure. Each affected node generation is
+        invalidated as a unit (successful siblings and outputs included; output
+        IDs stay reserved) and advanced; the retry count increments and older
+        snapshots go stale. ``None``: not retryable or the boundary does not
+        hold; nothing changed.
+        """
+        ...
+
+
+@runtime_checkable
+class OutputResolver(Protocol):
+    """Materialises planned outputs for a worker."""
+
+    def resolve_outputs(
+        self, run_id: str, output_ids: tuple[str, ...]
+    ) -> Mapping[str, ResolvedOutput]:
+        """Exactly the requested, still-valid outputs of that run, keyed by ID.
+
+        Missing or invalidated IDs are absent; ``resolve_task_inputs`` turns any
+        difference into a ``MaterializationError``. Read-only.
+        """
+        ...
+
+
+@runtime_checkable
+class DagRunStore(Protocol):
+    """dagwerk's run management and introspection surface."""
+
+    def create_run(
+        self,
+        run_id: str,
+        nodes: Sequence[DagNode],
+        *,
+        run_input: Mapping[str, object] | None = None,
+        failure_policy: FailurePolicy | str = FailurePolicy.FAIL_FAST,
+    ) -> bool:
+        """Store a PENDING run with a validated copy of its nodes and frozen input.
+
+        Returns False (no change) if the run id exists; invalid nodes, input or
+        policy raise typed errors before any write."""
+        ...
+
+    def get_run(self, run_id: str) -> RunRecord | None:
+        """The run's record; ``None`` if it does not exist."""
+        ...
+
+    def get_task(self, task_id: str) -> TaskRecord | None:
+        """The task's record (invalidated tasks included); ``None`` if unknown."""
+        ...
+
+    def list_tasks(self, run_id: str, *, include_invalidated: bool = False) -> list[TaskRecord]:
+        """Tasks of the run in creation order (active generation only unless asked)."""
+        ...
+
+    def list_deliveries(self, run_id: str | None = None) -> list[Delivery]:
+        """Deliverable outbox rows (not acked, not invalidated), in creation order."""
+        ...
+
+    def ack_delivery(self, delivery_id: str) -> bool:
+        """Remove a delivery; True if this call removed it."""
+        ...
+
+    def try_cancel_run(self, run_id: str, reason: str | None = None) -> bool:
+        """PENDING or RUNNING -> CANCELLED in one commit: invalidate active waits,
+        cancel unfinished tasks, drop their deliveries. True iff this call made
+        the transition."""
+        ...
+
+    def get_output_ids(self, run_id: str, node_index: int) -> tuple[str, ...]:
+        """Ids of the outputs currently published (active generation) by a node, in order."""
+        ...
+
+
+@dataclass(frozen=True, slots=True)
+class RunActivity:
+    """What the failure policies need to know about a run's active generation.
+
+    ``failed_nodes`` are nodes whose active launch FAILED or holds a FAILED or
+    CRASHED task; ``failed_launches`` are ordered by node index, the task
+    references by task creation order.
+    """
+
+    queued: int
+    running: int
+    waiting: int
+    failed_nodes: frozenset[int]
+    failed_launches: tuple[NodeLaunchRef, ...]
+    failed_tasks: tuple[TaskAttemptRef, ...]
+    crashed_tasks: tuple[TaskAttemptRef, ...]
+
+    @property
+    def has_failure(self) -> bool:
+        return bool(self.failed_nodes)
+
+
+@runtime_checkable
+class RunActivityStore(Protocol):
+    """Optional fast path for the failure policies (dagwerk extension).
+
+    A store that keeps per-run counters implements this so that the
+    ``stop_on_first_failure`` and ``continue_others`` policies do not scan every
+    task after each completion. Without it the orchestrator derives the same
+    record from :meth:`DagRunStore.list_tasks`.
+    """
+
+    def get_run_activity(self, run_id: str) -> RunActivity | None:
+        """Counts and failures of the run's active generation; ``None`` if the run
+        does not exist. Read-only."""
+        ...

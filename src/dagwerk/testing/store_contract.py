@@ -1,0 +1,27 @@
+"""The store contract suite: every contract test in one importable module.
+
+A backend's test module runs the whole suite by importing it and providing a
+``store`` fixture that returns a fresh, empty store implementing
+``DagStore``, ``DagWaitStore``, ``DagRetryStore``, ``OutputResolver`` and
+``DagRunStore``::
+
+    import pytest
+    from dagwerk.testing.store_contract import *  # noqa: F401,F403
+
+    @pytest.fixture
+    def store():
+        return MyStore()
+
+The tests use only the public protocols and the orchestration functions, so
+an application's own store runs the same suite as the bundled backends.
+"""
+
+from __future__ import annotations
+
+from dagwerk.testing.contract_fencing import *  # noqa: F403
+from dagwerk.testing.contract_orchestration import *  # noqa: F403
+from dagwerk.testing.contract_outbox import *  # noqa: F403
+from dagwerk.testing.contract_policies import *  # noqa: F403
+from dagwerk.testing.contract_retry import *  # noqa: F403
+from dagwerk.testing.contract_states import *  # noqa: F403
+from dagwerk.testing.contract_waiting import *  # noqa: F403

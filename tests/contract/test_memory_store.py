@@ -1,0 +1,13 @@
+"""The store contract suite against the in-memory reference store."""
+
+from __future__ import annotations
+
+import pytest
+
+from dagwerk.backends.memory import MemoryStore
+from dagwerk.testing.store_contract import *  # noqa: F403
+
+
+@pytest.fixture
+def store() -> MemoryStore:
+    return MemoryStore()
