@@ -18,7 +18,6 @@ replays in any order. After every step it checks the invariants of issue 3:
 
 from __future__ import annotations
 
-import sys
 from collections.abc import Callable
 from typing import Any
 
@@ -116,7 +115,6 @@ class LifecycleMachine(RuleBasedStateMachine):
 
     def step(self, action: Callable[[], object]) -> object:
         """Run one action and account for the terminal transition it made."""
-        event(f"acted: {sys._getframe(1).f_code.co_name}")
         before, events = self.status(), len(self.log.events)
         result = action()
         after = self.status()
@@ -172,6 +170,7 @@ class LifecycleMachine(RuleBasedStateMachine):
         if not options or data.draw(st.integers(0, 15)) == 11:
             options = ["cancel"]
         action = data.draw(st.sampled_from(options))
+        event(f"action {action}")
         getattr(self, f"do_{action}")(data)
 
     # -- actions ------------------------------------------------------------------

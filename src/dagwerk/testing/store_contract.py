@@ -18,10 +18,13 @@ an application's own store runs the same suite as the bundled backends.
 
 from __future__ import annotations
 
+from dagwerk.testing.contract_claims import *  # noqa: F403
 from dagwerk.testing.contract_fencing import *  # noqa: F403
+from dagwerk.testing.contract_finalisation import *  # noqa: F403
 from dagwerk.testing.contract_orchestration import *  # noqa: F403
 from dagwerk.testing.contract_outbox import *  # noqa: F403
 from dagwerk.testing.contract_policies import *  # noqa: F403
 from dagwerk.testing.contract_retry import *  # noqa: F403
+from dagwerk.testing.contract_snapshots import *  # noqa: F403
 from dagwerk.testing.contract_states import *  # noqa: F403
 from dagwerk.testing.contract_waiting import *  # noqa: F403
