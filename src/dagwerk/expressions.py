@@ -439,6 +439,8 @@ class _Evaluation:
         except (ValueError, RecursionError) as exc:
             raise ExpressionError(f"{what} is not JSON-compatible: {exc}") from exc
         size = self.size(plain)
+        if size > _RENDERABLE_INT_BYTES:
+            _check_renderable(plain, what)
         if size > self.limit:
             raise _limit_error(
                 f"{what} is more than {self.limit} bytes; maximum is {self.limit}", self.limit
@@ -509,6 +511,30 @@ class _Evaluation:
         # A generator, so the join's size check stops lookups at the limit.
         for token in tokens:
             yield token.value if token.kind == "text" else _render(self.segment(token))
+
+
+# Below this many bytes no integer can pass the interpreter's int-to-text
+# limit (4,300 digits by default, 640 at the least).
+_RENDERABLE_INT_BYTES: Final = 640
+
+
+def _check_renderable(value: JsonWireValue, what: str) -> None:
+    """Refuse integers too long for ``str()``: pipes and interpolation need their text."""
+    stack: list[object] = [value]
+    while stack:
+        item = stack.pop()
+        if isinstance(item, dict):
+            stack.extend(item.values())
+        elif isinstance(item, list):
+            stack.extend(item)
+        elif type(item) is int and item.bit_length() > 2 * _RENDERABLE_INT_BYTES:
+            try:
+                int.__repr__(item)
+            except ValueError as exc:
+                raise ExpressionError(
+                    f"{what} holds an integer too long to render as text: {exc}",
+                    code="expression_invalid_text",
+                ) from exc
 
 
 def _render(value: JsonWireValue) -> str:

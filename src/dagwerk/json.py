@@ -28,6 +28,9 @@ JsonWireValue: TypeAlias = Union[  # noqa: UP007
 
 _IMMUTABLE = "routing JSON is immutable"
 
+# log10(2): turns a bit length into a decimal digit estimate.
+_LOG10_2 = 0.30102999566398120
+
 
 class FrozenDict(Mapping[str, JsonValue]):
     """An immutable JSON object. The constructor deep-freezes its input.
@@ -228,7 +231,9 @@ def freeze_json(
 
     Raises :class:`~dagwerk.errors.JsonLimitError` (a ``ValueError``) for
     non-finite numbers, non-string keys, non-JSON types, more than 512 keys or
-    10,000 values in total, or nesting deeper than 16 containers.
+    10,000 values in total, or nesting deeper than 16 containers. Integers of
+    any size are accepted (filters compare them exactly). The walk stops at the first container past
+    the depth limit, so arbitrarily deep input costs only 17 levels.
     """
     counter = _Counter()
     if _key_counter:
@@ -255,7 +260,12 @@ def freeze_object(value: Mapping[str, object] | None) -> FrozenDict:
 
 
 def thaw_json(value: object) -> JsonWireValue:
-    """Copy a (frozen or plain) JSON value into plain ``dict``/``list``."""
+    """Copy a (frozen or plain) JSON value into plain ``dict``/``list``.
+
+    The copy is recursive: pass frozen (depth-bounded) values. Unvalidated
+    input nested deeper than the interpreter's recursion limit raises
+    ``RecursionError``.
+    """
     if isinstance(value, FrozenDict):
         return {k: thaw_json(v) for k, v in value._data.items()}
     if isinstance(value, Mapping):
@@ -266,7 +276,12 @@ def thaw_json(value: object) -> JsonWireValue:
 
 
 def canonical_json_bytes(value: object) -> bytes:
-    """The canonical form: sorted keys, compact, UTF-8, NaN refused."""
+    """The canonical form: sorted keys, compact, UTF-8, NaN refused.
+
+    Anything that has no canonical form (non-JSON types, non-finite numbers,
+    lone surrogates, nesting past the recursion limit) raises
+    :class:`~dagwerk.errors.JsonLimitError`.
+    """
     try:
         text = _json.dumps(
             thaw_json(value),
@@ -275,28 +290,37 @@ def canonical_json_bytes(value: object) -> bytes:
             ensure_ascii=False,
             allow_nan=False,
         )
-    except (TypeError, ValueError) as exc:
+        data = text.encode("utf-8")
+    except (TypeError, ValueError, RecursionError) as exc:
+        # UnicodeEncodeError (a lone surrogate) is a ValueError.
         raise JsonLimitError(f"value is not canonical JSON: {exc}", code="json_invalid") from exc
-    return text.encode("utf-8")
+    return data
 
 
 def json_string_payload_size(value: str, *, limit: int | None = None) -> int:
     """UTF-8 size of ``value`` JSON-encoded, without its quotes.
 
     Returns ``limit + 1`` once the size passes ``limit``. A string that is
-    not valid UTF-8 (a lone surrogate) raises ``ValueError``.
+    not valid UTF-8 (a lone surrogate) raises
+    :class:`~dagwerk.errors.JsonLimitError` (a ``ValueError``).
     """
-    if limit is not None and len(value) > limit:
-        # Every character costs at least one byte, but still reject bad text.
-        value.encode("utf-8")
-        return limit + 1
-    size = len(_encode_str(value).encode("utf-8")) - 2
+    try:
+        if limit is not None and len(value) > limit:
+            # Every character costs at least one byte, but still reject bad text.
+            value.encode("utf-8")
+            return limit + 1
+        size = len(_encode_str(value).encode("utf-8")) - 2
+    except UnicodeEncodeError as exc:
+        raise JsonLimitError(
+            f"JSON strings must be valid UTF-8: {exc.reason} at position {exc.start}",
+            code="json_invalid",
+        ) from exc
     if limit is not None and size > limit:
         return limit + 1
     return size
 
 
-def _scalar_size(value: object) -> int:
+def _scalar_size(value: object, limit: int | None = None) -> int:
     if value is None:
         return 4
     if value is True:
@@ -306,19 +330,47 @@ def _scalar_size(value: object) -> int:
     if isinstance(value, str):
         return json_string_payload_size(value) + 2
     if isinstance(value, int):
-        return len(int.__repr__(value))
+        return _int_text_size(value, limit)
     if isinstance(value, float):
         if not math.isfinite(value):
-            raise ValueError("JSON numbers must be finite")
+            raise JsonLimitError("JSON numbers must be finite", code="json_invalid")
         return len(float.__repr__(value))
-    raise ValueError(f"value of type {type(value).__name__} is not JSON-compatible")
+    raise JsonLimitError(
+        f"value of type {type(value).__name__} is not JSON-compatible", code="json_invalid"
+    )
+
+
+def _int_text_size(value: int, limit: int | None = None) -> int:
+    """Length of ``str(value)`` without building it (``limit + 1`` once past it).
+
+    Past 4,300 digits the interpreter refuses ``str(int)``, and converting
+    through ``Decimal`` is quadratic; the digit count follows from the bit
+    length, corrected by at most one comparison each way.
+    """
+    magnitude = -value if value < 0 else value
+    sign = 1 if value < 0 else 0
+    if magnitude < 10**18:
+        return sign + len(int.__repr__(magnitude))
+    digits = int((magnitude.bit_length() - 1) * _LOG10_2) + 1
+    if limit is not None and digits - 1 > limit:
+        # The estimate is off by at most one: certainly past the limit.
+        return limit + 1
+    while magnitude >= 10**digits:
+        digits += 1
+    while magnitude < 10 ** (digits - 1):
+        digits -= 1
+    return sign + digits
 
 
 def bounded_json_size(value: object, limit: int) -> int:
     """Exact canonical JSON size of ``value``, or ``limit + 1`` once past it.
 
     Walks the value without building the serialised text, so a huge value
-    costs only as much as the part read before the limit is crossed.
+    costs only as much as the part read before the limit is crossed; the walk
+    is iterative, so nesting depth costs no recursion. Integers of any size
+    are measured without rendering them. Non-finite numbers, lone
+    surrogates, non-string keys and non-JSON types raise :class:`~dagwerk.errors.JsonLimitError` (a
+    ``ValueError``).
     """
     if type(limit) is not int or limit < 0:
         raise ValueError("limit must be a non-negative int")
@@ -334,7 +386,7 @@ def bounded_json_size(value: object, limit: int) -> int:
             total += 2 + (n - 1 if n else 0) + n  # braces, commas, colons
             for key, sub in mapping.items():
                 if not isinstance(key, str):
-                    raise ValueError("JSON object keys must be strings")
+                    raise JsonLimitError("JSON object keys must be strings", code="json_invalid")
                 total += json_string_payload_size(key, limit=limit) + 2
                 stack.append(sub)
         elif isinstance(item, (list, tuple)):
@@ -344,7 +396,7 @@ def bounded_json_size(value: object, limit: int) -> int:
         elif isinstance(item, str):
             total += json_string_payload_size(item, limit=limit) + 2
         else:
-            total += _scalar_size(item)
+            total += _scalar_size(item, limit)
         if total > limit:
             return limit + 1
     return total

@@ -17,6 +17,7 @@ and raise :class:`~dagwerk.errors.ExpressionError` past the result limit.
 from __future__ import annotations
 
 import functools
+import importlib
 import json
 import re
 import warnings
@@ -40,9 +41,11 @@ from dagwerk.json import freeze_json, json_string_payload_size, routing_text, th
 
 __all__ = [
     "BUILTIN_PIPES",
+    "FALLBACK_REGEX_BUDGET",
     "PIPE_ARITY",
     "RE2_AVAILABLE",
     "bounded_text_join",
+    "fallback_regex_cost",
     "result_byte_limit",
 ]
 
@@ -74,6 +77,17 @@ except ImportError:  # pragma: no cover - exercised by loading a copy without re
     )
 
 RE2_AVAILABLE: Final[bool] = _re2 is not None
+
+# The fallback's static cost check reads Python's own parse of the pattern.
+# ``re._parser`` is private but stable since 3.11; ``Any`` because typeshed
+# does not describe it.
+_RE_PARSER: Any = importlib.import_module("re._parser")
+_RE_CONSTANTS: Any = importlib.import_module("re._constants")
+
+#: Without RE2, ``match`` runs a pattern on Python's backtracking ``re`` only
+#: when its estimated worst-case work (see :func:`fallback_regex_cost`) is at
+#: most this many steps; otherwise it returns ``""`` without searching.
+FALLBACK_REGEX_BUDGET: Final = 100_000_000
 
 # The result limit pipes guard against. The expression evaluator sets it to
 # its own ``max_result_bytes`` so an engine setting applies inside pipes too.
@@ -417,12 +431,58 @@ def _match(value: object, pattern: str = "") -> object:
             # RE2 rejects what it cannot run in linear time (backreferences,
             # lookaround, deep nesting) and text it cannot encode.
             return ""
-    else:  # pragma: no cover - exercised by loading a copy without re2
+    else:
         try:
+            if fallback_regex_cost(pattern, len(text)) > FALLBACK_REGEX_BUDGET:
+                return ""
             found = re.search(pattern, text)
         except (re.error, RecursionError, OverflowError, ValueError, MemoryError):
             return ""
     return str(found.group(0)) if found is not None else ""
+
+
+def fallback_regex_cost(pattern: str, text_length: int) -> int:
+    """An upper estimate of the steps Python's ``re`` may take to search a text.
+
+    The estimate is (start positions) × (backtracking paths) × (pattern
+    length + 1), where the paths of a sequence multiply, the paths of an
+    alternation add, and a quantifier over a single path offers one path per
+    repetition count (at most the text length); each character a quantifier
+    consumes is one of its repetition counts, so consumption is inside the
+    path count. Constructs whose backtracking has no such
+    bound (a quantified item that itself has several paths, such as
+    ``(a+)+`` or ``(a|b)*``, backreferences, lookaround, conditionals) cost
+    more than any budget. Raises ``re.error`` for an invalid pattern.
+    """
+    cap = FALLBACK_REGEX_BUDGET + 1
+    paths = _regex_paths(_RE_PARSER.parse(pattern).data, text_length, cap)
+    return min(cap, (text_length + 1) * paths * (len(pattern) + 1))
+
+
+def _regex_paths(items: Iterable[tuple[Any, Any]], length: int, cap: int) -> int:
+    c = _RE_CONSTANTS
+    paths = 1
+    for op, argument in items:
+        if op in (c.LITERAL, c.NOT_LITERAL, c.ANY, c.IN, c.AT):
+            continue
+        if op is c.SUBPATTERN:
+            paths *= _regex_paths(argument[3], length, cap)
+        elif op is c.ATOMIC_GROUP:
+            paths *= _regex_paths(argument, length, cap)
+        elif op is c.BRANCH:
+            paths *= min(cap, sum(_regex_paths(branch, length, cap) for branch in argument[1]))
+        elif op in (c.MAX_REPEAT, c.MIN_REPEAT, c.POSSESSIVE_REPEAT):
+            low, high, body = argument
+            inner = _regex_paths(body, length, cap)
+            if inner > 1 and high > 1:
+                return cap  # nested ambiguity: exponential backtracking
+            if op is not c.POSSESSIVE_REPEAT:
+                paths *= max(1, min(high, length) - low + 1)
+        else:
+            return cap  # backreferences, lookaround, conditionals
+        if paths >= cap:
+            return cap
+    return paths
 
 
 def _json_depth_exceeds(text: str, limit: int) -> bool:

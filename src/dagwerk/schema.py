@@ -190,7 +190,12 @@ def merge_run_input(
     except ValueError as error:
         # Each value passed alone; together they cross a whole-object limit.
         raise RunInputError(f"run input exceeds a JSON limit: {error}") from error
-    if bounded_json_size(result, max_bytes) > max_bytes:
+    try:
+        size = bounded_json_size(result, max_bytes)
+    except ValueError as error:
+        # Freezing accepts lone surrogates; only the UTF-8 size finds them.
+        raise RunInputError(f"run input is not JSON-compatible: {error}") from error
+    if size > max_bytes:
         raise RunInputError(
             f"run input exceeds the {max_bytes}-byte limit",
             code="run_input_too_large",

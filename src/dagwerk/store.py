@@ -14,6 +14,7 @@ orchestrator a malformed record by accident.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from types import MappingProxyType
@@ -40,12 +41,15 @@ from dagwerk.models import (
 )
 
 __all__ = [
+    "DagQueueStore",
     "DagRetryStore",
     "DagRunStore",
     "DagStore",
     "DagWaitStore",
+    "DeadLetter",
     "Delivery",
     "InvalidStoreValueError",
+    "LeasedDelivery",
     "NodeLaunchRef",
     "OutputPublicationError",
     "OutputResolver",
@@ -64,7 +68,10 @@ __all__ = [
     "TaskWaitResult",
     "validate_output_batch_routing_size",
     "validate_output_batch_size",
+    "validate_queue_names",
+    "validate_seconds",
     "validate_wait_id",
+    "validate_worker_id",
 ]
 
 
@@ -160,6 +167,35 @@ def _check_optional_wait(value: object, name: str) -> None:
             validate_wait_id(value)
         except InvalidStoreValueError as exc:
             raise InvalidStoreValueError(f"{name}: {exc.message}", field=name) from None
+
+
+def validate_worker_id(worker_id: object) -> str:
+    """A queue worker ID is a non-empty ``str``."""
+    if not isinstance(worker_id, str) or not worker_id:
+        raise InvalidStoreValueError("worker ID must be a non-empty string", field="worker_id")
+    return worker_id
+
+
+def validate_seconds(value: object, name: str, *, positive: bool) -> float:
+    """A finite number of seconds, ``> 0`` when ``positive`` else ``>= 0``."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise InvalidStoreValueError(f"{name} must be a number of seconds", field=name)
+    seconds = float(value)
+    if not math.isfinite(seconds) or seconds < 0 or (positive and seconds == 0):
+        bound = "> 0" if positive else ">= 0"
+        raise InvalidStoreValueError(f"{name} must be finite and {bound}", field=name)
+    return seconds
+
+
+def validate_queue_names(queues: Sequence[str] | None) -> list[str] | None:
+    """``None`` (every queue) or a sequence of non-empty queue names."""
+    if queues is None:
+        return None
+    if isinstance(queues, str) or not all(isinstance(q, str) and q for q in queues):
+        raise InvalidStoreValueError(
+            "queues must be a sequence of non-empty strings", field="queues"
+        )
+    return list(queues)
 
 
 # --- references and results -------------------------------------------------
@@ -753,4 +789,146 @@ class RunActivityStore(Protocol):
     def get_run_activity(self, run_id: str) -> RunActivity | None:
         """Counts and failures of the run's active generation; ``None`` if the run
         does not exist. Read-only."""
+        ...
+
+
+# --- dagwerk extension: the durable queue -------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class LeasedDelivery:
+    """A delivery leased to one worker until ``lease_expires_at`` (clock seconds).
+
+    ``delivery_count`` counts this lease too (the first lease has count 1).
+    The claim, not the lease, decides whether the attempt may run: a lease
+    only hides the row from other workers for a while.
+    """
+
+    delivery_id: str
+    task_id: str
+    attempt_id: str
+    generation: int
+    run_id: str
+    node_index: int
+    launch_id: str
+    queue: str
+    priority: int
+    delivery_count: int
+    worker_id: str
+    lease_expires_at: float
+
+    @property
+    def delivery(self) -> Delivery:
+        """The plain outbox view of this row."""
+        return Delivery(
+            delivery_id=self.delivery_id,
+            task_id=self.task_id,
+            attempt_id=self.attempt_id,
+            generation=self.generation,
+            run_id=self.run_id,
+            node_index=self.node_index,
+            launch_id=self.launch_id,
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class DeadLetter:
+    """A delivery parked out of the queue, with the reason it was parked.
+
+    ``reinjected_attempt_id`` is the attempt a re-injection created, ``None``
+    while the dead letter has not been re-injected.
+    """
+
+    dead_letter_id: str
+    delivery_id: str
+    task_id: str
+    attempt_id: str
+    generation: int
+    run_id: str
+    node_index: int
+    launch_id: str
+    queue: str
+    priority: int
+    delivery_count: int
+    reason: str
+    dead_at: float
+    reinjected_attempt_id: str | None
+
+
+@runtime_checkable
+class DagQueueStore(Protocol):
+    """The durable queue over the outbox rows (dagwerk extension).
+
+    Every outbox row written by a launch, recovery, resume or retry is a queue
+    row with a queue name, an integer priority (higher first) and an
+    ``available_at`` time. Time comes from the store's injected clock.
+    A lease is a visibility timeout: while it runs the row is hidden from
+    other workers; once it expires the row is deliverable again. Each method
+    is one transaction.
+    """
+
+    max_deliveries: int
+    """How many leases a row may receive; the next dequeue dead-letters it."""
+
+    def dequeue(
+        self,
+        worker_id: str,
+        *,
+        limit: int,
+        lease_seconds: float,
+        queues: Sequence[str] | None = None,
+    ) -> list[LeasedDelivery]:
+        """Lease up to ``limit`` rows to ``worker_id`` in one transaction.
+
+        Candidates are available now (``available_at`` reached, no live lease)
+        and in one of ``queues`` (any queue when ``None``), taken by priority
+        (highest first), then availability, then creation order. Each leased
+        row's delivery count increments. A candidate that has already been
+        leased ``max_deliveries`` times is moved to the dead-letter table with
+        reason ``"max_deliveries"`` instead, and does not count towards
+        ``limit``. Returns the leased rows in that order; empty when nothing is
+        available.
+        """
+        ...
+
+    def ack(self, delivery_id: str, worker_id: str) -> bool:
+        """Remove the row if ``worker_id`` holds its lease (live or expired but
+        not taken over). True iff this call removed it."""
+        ...
+
+    def nack(
+        self,
+        delivery_id: str,
+        worker_id: str,
+        *,
+        delay: float = 0.0,
+        poison: bool = False,
+        reason: str = "",
+    ) -> bool:
+        """Give the row back: it becomes deliverable ``delay`` seconds from now,
+        keeping its delivery count. With ``poison`` it moves to the dead-letter
+        table with ``reason`` instead. Only the lease holder may nack; False
+        (nothing changed) otherwise."""
+        ...
+
+    def extend_lease(self, delivery_id: str, worker_id: str, lease_seconds: float) -> bool:
+        """Heartbeat: the lease now ends ``lease_seconds`` from now. Only the
+        holder of a live lease may extend it; an expired lease cannot be
+        revived (another worker may already see the row). False otherwise."""
+        ...
+
+    def list_dead_letters(self, run_id: str | None = None) -> list[DeadLetter]:
+        """Dead letters (re-injected ones included) in the order they were parked."""
+        ...
+
+    def reinject_dead_letter(self, dead_letter_id: str) -> str | None:
+        """One transaction: give the dead letter's task a fresh attempt and a
+        new queue row, and mark the dead letter re-injected.
+
+        Applies while the dead letter's attempt is still the task's current
+        attempt, the task is QUEUED, RUNNING or CRASHED in its active launch
+        and the run is RUNNING. Returns the new attempt ID. ``None`` (nothing
+        changed) for an unknown or already re-injected dead letter, or when
+        the task moved on; so of two racing callers at most one succeeds.
+        """
         ...

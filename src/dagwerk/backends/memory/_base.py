@@ -10,16 +10,18 @@ keeps the per-run counters that make the failure policies cheap.
 from __future__ import annotations
 
 import threading
+import time
 import uuid
+from collections.abc import Callable
 from itertools import count
 
 from dagwerk.constants import NodeDisposition, RunStatus, TaskStatus
 from dagwerk.limits import DEFAULT_LIMITS, Limits
-from dagwerk.store import Delivery, TaskRecoveryResult
+from dagwerk.store import DeadLetter, Delivery, InvalidStoreValueError, TaskRecoveryResult
 from dagwerk.topology import RunTopology
 from dagwerk.transitions import check_task_transition
 
-from ._state import RunState, TaskState, WaitRecord, WaitState
+from ._state import QueueRow, RunState, TaskState, WaitRecord, WaitState
 
 _UNFINISHED = frozenset(
     {TaskStatus.PENDING, TaskStatus.QUEUED, TaskStatus.RUNNING, TaskStatus.WAITING}
@@ -30,8 +32,28 @@ _FAILURES = frozenset({TaskStatus.FAILED, TaskStatus.CRASHED})
 class MemoryStoreBase:
     """Holds the state; the mixins implement the protocol methods."""
 
-    def __init__(self, *, limits: Limits | None = None) -> None:
+    def __init__(
+        self,
+        *,
+        limits: Limits | None = None,
+        clock: Callable[[], float] = time.time,
+        max_deliveries: int = 3,
+        default_queue: str = "default",
+        default_priority: int = 0,
+    ) -> None:
+        if type(max_deliveries) is not int or max_deliveries < 1:
+            raise InvalidStoreValueError(
+                "max_deliveries must be an int >= 1", field="max_deliveries"
+            )
+        if not isinstance(default_queue, str) or not default_queue:
+            raise InvalidStoreValueError("queue must be a non-empty string", field="default_queue")
+        if type(default_priority) is not int:
+            raise InvalidStoreValueError("priority must be an int", field="default_priority")
         self.limits: Limits = limits if limits is not None else DEFAULT_LIMITS
+        self.max_deliveries = max_deliveries
+        self.default_queue = default_queue
+        self.default_priority = default_priority
+        self._clock = clock
         self._lock = threading.RLock()
         self._runs: dict[str, RunState] = {}
         self._tasks: dict[str, TaskState] = {}
@@ -42,6 +64,9 @@ class MemoryStoreBase:
         # Deliverable outbox rows in creation order; task -> its row ids.
         self._deliveries: dict[str, Delivery] = {}
         self._task_rows: dict[str, list[str]] = {}
+        # Queue state of each deliverable row, and the parked rows (in order).
+        self._queue: dict[str, QueueRow] = {}
+        self._dead_letters: dict[str, DeadLetter] = {}
         self._seq = count()
 
     # -- identities ----------------------------------------------------------
@@ -121,6 +146,12 @@ class MemoryStoreBase:
         )
         self._deliveries[delivery.delivery_id] = delivery
         self._task_rows.setdefault(task.task_id, []).append(delivery.delivery_id)
+        self._queue[delivery.delivery_id] = QueueRow(
+            seq=self._next_seq(),
+            queue=self.default_queue,
+            priority=self.default_priority,
+            available_at=float(self._clock()),
+        )
 
     def _replace_attempt(self, run: RunState, task: TaskState) -> str:
         """A new QUEUED attempt with its outbox row, in the caller's transaction."""
@@ -134,6 +165,18 @@ class MemoryStoreBase:
     def _drop_rows(self, task_id: str) -> None:
         for delivery_id in self._task_rows.pop(task_id, ()):
             self._deliveries.pop(delivery_id, None)
+            self._queue.pop(delivery_id, None)
+
+    def _remove_row(self, delivery_id: str) -> Delivery | None:
+        """Remove one outbox row and its queue state; the row, if it existed."""
+        delivery = self._deliveries.pop(delivery_id, None)
+        if delivery is None:
+            return None
+        self._queue.pop(delivery_id, None)
+        rows = self._task_rows.get(delivery.task_id)
+        if rows is not None:
+            rows.remove(delivery_id)
+        return delivery
 
     def _stop_task(self, run: RunState, task: TaskState) -> None:
         """Invalidate the task's active wait, cancel it if unfinished, and drop

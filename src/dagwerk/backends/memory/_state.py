@@ -135,3 +135,16 @@ class RunState:
     @property
     def settled_nodes(self) -> int:
         return sum(1 for launch in self.launches.values() if launch.complete)
+
+
+@dataclass(slots=True)
+class QueueRow:
+    """The queue state of one outbox row (``available_at`` is its visibility time)."""
+
+    seq: int
+    queue: str
+    priority: int
+    available_at: float
+    lease_owner: str | None = None
+    lease_expires_at: float | None = None
+    delivery_count: int = 0

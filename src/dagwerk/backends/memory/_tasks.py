@@ -67,13 +67,7 @@ class TasksMixin(MemoryStoreBase):
 
     def ack_delivery(self, delivery_id: str) -> bool:
         with self._lock:
-            delivery = self._deliveries.pop(delivery_id, None)
-            if delivery is None:
-                return False
-            rows = self._task_rows.get(delivery.task_id)
-            if rows is not None:
-                rows.remove(delivery_id)
-            return True
+            return self._remove_row(delivery_id) is not None
 
     # -- claim and recovery ----------------------------------------------------------
 

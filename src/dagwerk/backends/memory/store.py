@@ -2,14 +2,18 @@
 
 from __future__ import annotations
 
+import time
+from collections.abc import Callable
+
 from dagwerk.limits import Limits
 
 from ._launches import LaunchesMixin
+from ._queue import QueueMixin
 from ._runs import RunsMixin
 from ._tasks import TasksMixin
 
 
-class MemoryStore(RunsMixin, LaunchesMixin, TasksMixin):
+class MemoryStore(RunsMixin, LaunchesMixin, TasksMixin, QueueMixin):
     """Implements ``DagStore``, ``DagWaitStore``, ``DagRetryStore``,
     ``OutputResolver``, ``DagRunStore`` and ``RunActivityStore`` in memory.
 
@@ -22,7 +26,24 @@ class MemoryStore(RunsMixin, LaunchesMixin, TasksMixin):
 
     ``limits`` bounds publication, launches, snapshots and run input
     (default ``Limits()``); the orchestrator reads it from ``store.limits``.
+    It also implements ``DagQueueStore``: ``clock`` supplies the queue's time,
+    ``max_deliveries`` bounds the leases of one row, and every row gets
+    ``default_queue`` and ``default_priority``.
     """
 
-    def __init__(self, *, limits: Limits | None = None) -> None:
-        super().__init__(limits=limits)
+    def __init__(
+        self,
+        *,
+        limits: Limits | None = None,
+        clock: Callable[[], float] = time.time,
+        max_deliveries: int = 3,
+        default_queue: str = "default",
+        default_priority: int = 0,
+    ) -> None:
+        super().__init__(
+            limits=limits,
+            clock=clock,
+            max_deliveries=max_deliveries,
+            default_queue=default_queue,
+            default_priority=default_priority,
+        )

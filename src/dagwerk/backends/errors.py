@@ -1,0 +1,54 @@
+"""Errors of the storage boundary: driver errors translated to stable codes.
+
+A backend never lets a driver exception escape; it raises one of these
+instead, so callers can react to ``code`` without knowing the database.
+"""
+
+from __future__ import annotations
+
+from dagwerk.errors import DagwerkError
+
+__all__ = [
+    "SchemaTooNewError",
+    "StoreBusyError",
+    "StoreCorruptError",
+    "StoreFullError",
+    "StoreReadOnlyError",
+    "StoreUnavailableError",
+]
+
+
+class StoreUnavailableError(DagwerkError, RuntimeError):
+    """The database cannot serve the request; nothing was written."""
+
+    code = "store_unavailable"
+
+
+class StoreBusyError(StoreUnavailableError):
+    """The database stayed locked by other writers past the busy timeout."""
+
+    code = "store_busy"
+
+
+class StoreCorruptError(StoreUnavailableError):
+    """The file is not a dagwerk database, or it is damaged."""
+
+    code = "store_corrupt"
+
+
+class StoreReadOnlyError(StoreUnavailableError):
+    """The database (or its directory) cannot be written."""
+
+    code = "store_readonly"
+
+
+class StoreFullError(StoreUnavailableError):
+    """The disk, or the database's page limit, is full."""
+
+    code = "store_full"
+
+
+class SchemaTooNewError(StoreUnavailableError):
+    """The database was written by a newer dagwerk; this version refuses it."""
+
+    code = "schema_too_new"

@@ -1,0 +1,202 @@
+"""The durable-queue operations of the in-memory store (the reference for
+:class:`~dagwerk.store.DagQueueStore`)."""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Sequence
+from dataclasses import replace
+
+from dagwerk.constants import RunStatus, TaskStatus
+from dagwerk.store import (
+    DeadLetter,
+    Delivery,
+    InvalidStoreValueError,
+    LeasedDelivery,
+    validate_queue_names,
+    validate_seconds,
+    validate_worker_id,
+)
+
+from ._base import MemoryStoreBase
+from ._state import QueueRow
+
+MAX_DELIVERIES_REASON = "max_deliveries"
+_REINJECTABLE = (TaskStatus.QUEUED, TaskStatus.RUNNING, TaskStatus.CRASHED)
+
+
+class QueueMixin(MemoryStoreBase):
+    def dequeue(
+        self,
+        worker_id: str,
+        *,
+        limit: int,
+        lease_seconds: float,
+        queues: Sequence[str] | None = None,
+    ) -> list[LeasedDelivery]:
+        validate_worker_id(worker_id)
+        if type(limit) is not int or limit < 1:
+            raise InvalidStoreValueError("limit must be an int >= 1", field="limit")
+        lease = validate_seconds(lease_seconds, "lease_seconds", positive=True)
+        names = validate_queue_names(queues)
+        with self._lock:
+            now = float(self._clock())
+            candidates = sorted(
+                (
+                    (row.priority, row.available_at, row.seq, delivery_id)
+                    for delivery_id, row in self._queue.items()
+                    if row.available_at <= now and (names is None or row.queue in names)
+                ),
+                key=lambda item: (-item[0], item[1], item[2]),
+            )
+            leased: list[LeasedDelivery] = []
+            for *_, delivery_id in candidates:
+                if len(leased) == limit:
+                    break
+                row = self._queue[delivery_id]
+                if row.delivery_count >= self.max_deliveries:
+                    self._bury(delivery_id, MAX_DELIVERIES_REASON, now)
+                    continue
+                row.lease_owner = worker_id
+                row.lease_expires_at = row.available_at = now + lease
+                row.delivery_count += 1
+                leased.append(_leased(self._deliveries[delivery_id], row, worker_id))
+            return leased
+
+    def ack(self, delivery_id: str, worker_id: str) -> bool:
+        validate_worker_id(worker_id)
+        with self._lock:
+            row = self._queue.get(delivery_id)
+            if row is None or row.lease_owner != worker_id:
+                return False
+            return self._remove_row(delivery_id) is not None
+
+    def nack(
+        self,
+        delivery_id: str,
+        worker_id: str,
+        *,
+        delay: float = 0.0,
+        poison: bool = False,
+        reason: str = "",
+    ) -> bool:
+        validate_worker_id(worker_id)
+        wait = validate_seconds(delay, "delay", positive=False)
+        if not isinstance(reason, str):
+            raise InvalidStoreValueError("reason must be a string", field="reason")
+        with self._lock:
+            row = self._queue.get(delivery_id)
+            if row is None or row.lease_owner != worker_id:
+                return False
+            now = float(self._clock())
+            if poison:
+                self._bury(delivery_id, reason or "poison", now)
+                return True
+            row.lease_owner = None
+            row.lease_expires_at = None
+            row.available_at = now + wait
+            return True
+
+    def extend_lease(self, delivery_id: str, worker_id: str, lease_seconds: float) -> bool:
+        validate_worker_id(worker_id)
+        lease = validate_seconds(lease_seconds, "lease_seconds", positive=True)
+        with self._lock:
+            row = self._queue.get(delivery_id)
+            now = float(self._clock())
+            if (
+                row is None
+                or row.lease_owner != worker_id
+                or row.lease_expires_at is None
+                or row.lease_expires_at <= now
+            ):
+                return False
+            row.lease_expires_at = row.available_at = now + lease
+            return True
+
+    def list_dead_letters(self, run_id: str | None = None) -> list[DeadLetter]:
+        with self._lock:
+            return [
+                letter
+                for letter in self._dead_letters.values()
+                if run_id is None or letter.run_id == run_id
+            ]
+
+    def reinject_dead_letter(self, dead_letter_id: str) -> str | None:
+        with self._lock:
+            letter = self._dead_letters.get(dead_letter_id)
+            if letter is None or letter.reinjected_attempt_id is not None:
+                return None
+            task = self._tasks.get(letter.task_id)
+            if task is None:
+                return None
+            run = self._owned(task)
+            if (
+                run is None
+                or run.status is not RunStatus.RUNNING
+                or task.attempt_id != letter.attempt_id
+                or task.generation != letter.generation
+                or task.status not in _REINJECTABLE
+            ):
+                return None
+            # Only the fresh attempt may be offered from now on.
+            self._drop_rows(task.task_id)
+            if task.status is TaskStatus.QUEUED:
+                # Same status, new attempt: the old attempt can no longer claim.
+                task.attempt_id = self._new_attempt_id()
+                task.error = None
+                task.failure = None
+                self._enqueue(run, task)
+                new_attempt = task.attempt_id
+            else:
+                new_attempt = self._replace_attempt(run, task)
+            self._bump(run, task.node_index)
+            self._dead_letters[dead_letter_id] = _replace_letter(letter, new_attempt)
+            return new_attempt
+
+    def _bury(self, delivery_id: str, reason: str, now: float) -> None:
+        row = self._queue[delivery_id]
+        delivery = self._remove_row(delivery_id)
+        assert delivery is not None
+        letter = _dead_letter(delivery, row, reason, now)
+        self._dead_letters[letter.dead_letter_id] = letter
+
+
+def _leased(delivery: Delivery, row: QueueRow, worker_id: str) -> LeasedDelivery:
+    assert row.lease_expires_at is not None
+    return LeasedDelivery(
+        delivery_id=delivery.delivery_id,
+        task_id=delivery.task_id,
+        attempt_id=delivery.attempt_id,
+        generation=delivery.generation,
+        run_id=delivery.run_id,
+        node_index=delivery.node_index,
+        launch_id=delivery.launch_id,
+        queue=row.queue,
+        priority=row.priority,
+        delivery_count=row.delivery_count,
+        worker_id=worker_id,
+        lease_expires_at=row.lease_expires_at,
+    )
+
+
+def _dead_letter(delivery: Delivery, row: QueueRow, reason: str, now: float) -> DeadLetter:
+    return DeadLetter(
+        dead_letter_id=uuid.uuid4().hex,
+        delivery_id=delivery.delivery_id,
+        task_id=delivery.task_id,
+        attempt_id=delivery.attempt_id,
+        generation=delivery.generation,
+        run_id=delivery.run_id,
+        node_index=delivery.node_index,
+        launch_id=delivery.launch_id,
+        queue=row.queue,
+        priority=row.priority,
+        delivery_count=row.delivery_count,
+        reason=reason,
+        dead_at=now,
+        reinjected_attempt_id=None,
+    )
+
+
+def _replace_letter(letter: DeadLetter, attempt_id: str) -> DeadLetter:
+    return replace(letter, reinjected_attempt_id=attempt_id)

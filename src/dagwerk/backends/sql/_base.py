@@ -1,0 +1,211 @@
+"""State helpers shared by the SQL store mixins (private).
+
+Every public method of :class:`~dagwerk.backends.sql.SqlStore` opens exactly
+one transaction through the gateway (``write()`` for anything that may
+change state, ``read()`` otherwise) and calls these helpers inside it. Like
+the memory store, a method validates everything first and writes after, so
+a rejected call changes nothing; on any exception the transaction rolls back.
+Status changes go through :meth:`SqlStoreBase._set_status`, which checks the
+transition table and compare-and-sets on (status, attempt).
+"""
+
+from __future__ import annotations
+
+import json
+import time
+import uuid
+from collections.abc import Callable
+from typing import Any
+
+from dagwerk.constants import TaskStatus
+from dagwerk.json import FrozenDict, JsonValue, freeze_json, freeze_object, thaw_json
+from dagwerk.limits import DEFAULT_LIMITS, Limits
+from dagwerk.models import DagNode
+from dagwerk.store import InvalidStoreValueError, StoreContractError
+from dagwerk.topology import RunTopology
+from dagwerk.transitions import check_task_transition
+
+from .gateway import Gateway, Row, Tx
+
+UNFINISHED = (TaskStatus.PENDING, TaskStatus.QUEUED, TaskStatus.RUNNING, TaskStatus.WAITING)
+FAILURES = (TaskStatus.FAILED, TaskStatus.CRASHED)
+
+
+def dumps(value: object) -> str:
+    """Compact JSON text of a (frozen or plain) JSON value."""
+    return json.dumps(thaw_json(value), separators=(",", ":"), ensure_ascii=False, allow_nan=False)
+
+
+def loads_object(text: str) -> FrozenDict:
+    return freeze_object(json.loads(text))
+
+
+def loads_value(text: str) -> JsonValue:
+    return freeze_json(json.loads(text))
+
+
+class SqlStoreBase:
+    """Settings, caches and the helpers the mixins share."""
+
+    def __init__(
+        self,
+        gateway: Gateway,
+        *,
+        limits: Limits | None = None,
+        clock: Callable[[], float] = time.time,
+        max_deliveries: int = 3,
+        default_queue: str = "default",
+        default_priority: int = 0,
+    ) -> None:
+        if type(max_deliveries) is not int or max_deliveries < 1:
+            raise InvalidStoreValueError(
+                "max_deliveries must be an int >= 1", field="max_deliveries"
+            )
+        if not isinstance(default_queue, str) or not default_queue:
+            raise InvalidStoreValueError("queue must be a non-empty string", field="default_queue")
+        if type(default_priority) is not int:
+            raise InvalidStoreValueError("priority must be an int", field="default_priority")
+        self.limits: Limits = limits if limits is not None else DEFAULT_LIMITS
+        self.max_deliveries = max_deliveries
+        self.default_queue = default_queue
+        self.default_priority = default_priority
+        self._clock = clock
+        self._gw = gateway
+        # Stored node definitions never change, so parsed copies are cached
+        # per run for the store's lifetime (runs are never deleted).
+        self._nodes_cache: dict[str, tuple[DagNode, ...]] = {}
+        self._topologies: dict[str, RunTopology] = {}
+
+    # -- identities and time --------------------------------------------------
+
+    def _new_id(self) -> str:
+        return uuid.uuid4().hex
+
+    def _now(self) -> float:
+        return float(self._clock())
+
+    # -- run definition ---------------------------------------------------------
+
+    def _nodes(self, run: Row) -> tuple[DagNode, ...]:
+        run_id: str = run["run_id"]
+        nodes = self._nodes_cache.get(run_id)
+        if nodes is None:
+            nodes = tuple(DagNode.model_validate(item) for item in json.loads(run["nodes"]))
+            self._nodes_cache[run_id] = nodes
+        return nodes
+
+    def _topology(self, run: Row) -> RunTopology:
+        # Built lazily: start_run validates a stored definition before any
+        # operation that needs the graph can succeed.
+        run_id: str = run["run_id"]
+        topology = self._topologies.get(run_id)
+        if topology is None:
+            topology = RunTopology.build(list(self._nodes(run)), limits=self.limits)
+            self._topologies[run_id] = topology
+        return topology
+
+    # -- lookups ------------------------------------------------------------------
+
+    @staticmethod
+    def _task(tx: Tx, task_id: str) -> Row | None:
+        """The task with its run status and ``owned``: whether it belongs to its
+        node's active launch and generation (FN-11)."""
+        if not isinstance(task_id, str):
+            return None
+        return tx.one("task_get_owned", {"task_id": task_id})
+
+    def _current(
+        self, tx: Tx, task_id: str, attempt_id: str, status: TaskStatus, generation: int | None
+    ) -> Row | None:
+        """The task if ``attempt_id`` is its current attempt in ``status``, in the
+        active launch (of ``generation`` when given) of a RUNNING run."""
+        task = self._task(tx, task_id)
+        if (
+            task is None
+            or not task["owned"]
+            or task["run_status"] != "running"
+            or task["status"] != status.value
+            or task["attempt_id"] != attempt_id
+            or (generation is not None and task["generation"] != generation)
+        ):
+            return None
+        return task
+
+    # -- mutations (callers have validated everything) ----------------------------
+
+    def _set_status(self, tx: Tx, task: Row, new: TaskStatus, **extra: Any) -> None:
+        old = TaskStatus(task["status"])
+        check_task_transition(old, new)
+        changed = tx.run(
+            "task_set_status",
+            {
+                "task_id": task["task_id"],
+                "old": old.value,
+                "attempt_id": task["attempt_id"],
+                "new": new.value,
+                "error": extra.get("error", task["error"]),
+            },
+        )
+        if changed != 1:
+            # The write lock is held, so this means a bug, not a race.
+            raise StoreContractError(f"task {task['task_id']!r} changed under the write lock")
+
+    def _enqueue(self, tx: Tx, task: Row, attempt_id: str) -> None:
+        """Write the outbox (queue) row for ``attempt_id`` of ``task``."""
+        tx.run(
+            "delivery_insert",
+            {
+                "delivery_id": self._new_id(),
+                "task_id": task["task_id"],
+                "attempt_id": attempt_id,
+                "generation": task["generation"],
+                "run_id": task["run_id"],
+                "node_index": task["node_index"],
+                "launch_id": task["launch_id"],
+                "now": self._now(),
+            },
+        )
+
+    def _replace_attempt(self, tx: Tx, task: Row, *, resumed_from: str | None = None) -> str:
+        """A new QUEUED attempt with its outbox row, in the caller's transaction.
+
+        The plan, generation and (unless ``resumed_from`` is given) the
+        resumed-from wait stay.
+        """
+        old = TaskStatus(task["status"])
+        if old is not TaskStatus.QUEUED:
+            check_task_transition(old, TaskStatus.QUEUED)
+        attempt_id = self._new_id()
+        changed = tx.run(
+            "task_replace_attempt",
+            {
+                "task_id": task["task_id"],
+                "old_status": old.value,
+                "old_attempt": task["attempt_id"],
+                "attempt_id": attempt_id,
+                "resumed_from": resumed_from,
+            },
+        )
+        if changed != 1:
+            raise StoreContractError(f"task {task['task_id']!r} changed under the write lock")
+        self._enqueue(tx, task, attempt_id)
+        return attempt_id
+
+    @staticmethod
+    def _bump(tx: Tx, run_id: str, node_index: int) -> None:
+        tx.run("node_bump", {"run_id": run_id, "node_index": node_index})
+
+    def _token(self, tx: Tx, run: Row, node_index: int) -> str:
+        """A token covering the run epoch, the node's generation and the state
+        revision of each of its sources: any change makes it stale."""
+        rows = tx.all("nodes_of_run", {"run_id": run["run_id"]})
+        generations = {row["node_index"]: row["generation"] for row in rows}
+        revisions_by = {row["node_index"]: row["revision"] for row in rows}
+        sources = sorted(set(self._topology(run).dependencies[node_index]))
+        revisions = ",".join(f"{s}:{revisions_by[s]}" for s in sources)
+        return f"{run['run_id']}|{run['epoch']}|{node_index}|{generations[node_index]}|{revisions}"
+
+    @staticmethod
+    def _failed_nodes(tx: Tx, run_id: str) -> set[int]:
+        """Active nodes with a FAILED planning launch or a FAILED/CRASHED task."""
+        return {row["node_index"] for row in tx.all("failed_nodes", {"run_id": run_id})}

@@ -1,0 +1,348 @@
+"""Planning snapshots, node launches and output resolution of the SQL store."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from types import MappingProxyType
+
+from dagwerk.constants import LaunchCreateStatus, NodeDisposition, RunStatus, TaskStatus
+from dagwerk.models import (
+    LaunchCreateResult,
+    NodeLaunch,
+    OutputRef,
+    PlanningSnapshot,
+    ResolvedOutput,
+    TaskInputPlan,
+)
+from dagwerk.store import InvalidStoreValueError
+
+from ._base import SqlStoreBase, loads_object
+from .gateway import Row, Tx
+
+_STALE = LaunchCreateResult(status=LaunchCreateStatus.STALE)
+
+
+def _limit(value: object, name: str) -> int:
+    if type(value) is not int or value < 0:
+        raise InvalidStoreValueError(f"{name} must be a non-negative int", field=name)
+    return value
+
+
+class LaunchesMixin(SqlStoreBase):
+    def _launch_view(self, tx: Tx, launch: Row) -> NodeLaunch:
+        task_ids = tuple(
+            row["task_id"] for row in tx.all("launch_task_ids", {"launch_id": launch["launch_id"]})
+        )
+        complete = (
+            launch["disposition"] != NodeDisposition.LAUNCHED.value
+            or launch["completed"] == launch["task_count"]
+        )
+        return NodeLaunch(
+            id=launch["launch_id"],
+            run_id=launch["run_id"],
+            node_index=launch["node_index"],
+            plugin_name=launch["plugin"],
+            generation=launch["generation"],
+            disposition=NodeDisposition(launch["disposition"]),
+            task_ids=task_ids,
+            complete=complete,
+            error=launch["error"],
+        )
+
+    def list_node_launches(self, run_id: str) -> Mapping[int, NodeLaunch]:
+        with self._gw.read() as tx:
+            rows = tx.all("launches_active", {"run_id": run_id})
+            return {row["node_index"]: self._launch_view(tx, row) for row in rows}
+
+    def get_planning_snapshot(
+        self,
+        run_id: str,
+        node_index: int,
+        source_indices: Mapping[str, int],
+        *,
+        max_outputs_per_edge: int,
+        max_outputs_total: int,
+        max_routing_bytes: int,
+    ) -> PlanningSnapshot:
+        per_edge = _limit(max_outputs_per_edge, "max_outputs_per_edge")
+        total_limit = _limit(max_outputs_total, "max_outputs_total")
+        byte_limit = _limit(max_routing_bytes, "max_routing_bytes")
+        with self._gw.read() as tx:
+            run = tx.one("run_get", {"run_id": run_id})
+            if run is None:
+                raise InvalidStoreValueError(f"run {run_id!r} does not exist", field="run_id")
+            count = run["node_count"]
+            if type(node_index) is not int or not 0 <= node_index < count:
+                raise InvalidStoreValueError(
+                    f"node index {node_index!r} is not a node of run {run_id!r}",
+                    field="node_index",
+                )
+            for name, source in source_indices.items():
+                if type(source) is not int or not 0 <= source < count:
+                    raise InvalidStoreValueError(
+                        f"edge {name!r} names an unknown source index {source!r}",
+                        field="source_indices",
+                    )
+            launches = {
+                row["node_index"]: row for row in tx.all("launches_active", {"run_id": run_id})
+            }
+            outputs_by_edge: dict[str, tuple[OutputRef, ...]] = {}
+            dispositions: dict[str, NodeDisposition] = {}
+            total = 0
+            size = 0
+            stopped = False
+            for name, source in source_indices.items():
+                launch = launches.get(source)
+                if launch is not None:
+                    dispositions[name] = NodeDisposition(launch["disposition"])
+                edge: list[OutputRef] = []
+                if (
+                    not stopped
+                    and launch is not None
+                    and launch["disposition"] == NodeDisposition.LAUNCHED.value
+                ):
+                    # One output beyond each count limit signals overflow, so
+                    # no more than that is ever read.
+                    rows = tx.all(
+                        "outputs_of_node",
+                        {
+                            "run_id": run_id,
+                            "node_index": source,
+                            "limit": min(per_edge, total_limit) + 1,
+                        },
+                    )
+                    for row in rows:
+                        if len(edge) > per_edge or total > total_limit:
+                            break
+                        edge.append(
+                            OutputRef.model_construct(
+                                id=row["output_id"],
+                                fields=loads_object(row["fields"]),
+                                correlation_id=row["correlation_id"],
+                            )
+                        )
+                        total += 1
+                        size += row["routing_size"]
+                        if size > byte_limit:
+                            # The crossing output is kept as the overflow
+                            # signal; later edges stay empty.
+                            stopped = True
+                            break
+                outputs_by_edge[name] = tuple(edge)
+            generation = tx.one("node_get", {"run_id": run_id, "node_index": node_index})
+            assert generation is not None  # every node of a run has its row
+            return PlanningSnapshot.model_construct(
+                token=self._token(tx, run, node_index),
+                generation=generation["generation"],
+                outputs_by_edge=MappingProxyType(outputs_by_edge),
+                source_dispositions=MappingProxyType(dispositions),
+                runtime_inputs=loads_object(run["run_input"]),
+            )
+
+    def try_create_node_launch(  # noqa: PLR0917 (the seed's positional signature)
+        self,
+        run_id: str,
+        node_index: int,
+        plugin_name: str,
+        snapshot_token: str,
+        plans: tuple[TaskInputPlan, ...],
+        zero_task_disposition: NodeDisposition | None,
+        error: str = "",
+    ) -> LaunchCreateResult:
+        plans = tuple(plans)
+        with self._gw.write() as tx:
+            run = tx.one("run_get", {"run_id": run_id})
+            if run is None or run["status"] != RunStatus.RUNNING.value:
+                return _STALE
+            self._validate_launch(
+                run,
+                node_index,
+                plugin_name=plugin_name,
+                token=snapshot_token,
+                plans=plans,
+                zero=zero_task_disposition,
+                error=error,
+            )
+            node = tx.one("node_get", {"run_id": run_id, "node_index": node_index})
+            assert node is not None
+            generation: int = node["generation"]
+            # OR-19: a stale token wins over an existing launch.
+            if snapshot_token != self._token(tx, run, node_index):
+                return _STALE
+            existing = tx.one("launch_active", {"run_id": run_id, "node_index": node_index})
+            if existing is not None:
+                if existing["generation"] != generation:
+                    return _STALE
+                return LaunchCreateResult(
+                    status=LaunchCreateStatus.ALREADY_EXISTS,
+                    launch=self._launch_view(tx, existing),
+                )
+            # Plan contents are checked against the state the fresh token covers.
+            self._validate_plans(tx, run, node_index, generation, plans)
+            launch_id = f"{run_id}:launch:{node_index}:{generation}"
+            disposition = NodeDisposition.LAUNCHED if plans else zero_task_disposition
+            assert disposition is not None  # checked by _validate_launch
+            tx.run(
+                "launch_insert",
+                {
+                    "launch_id": launch_id,
+                    "run_id": run_id,
+                    "node_index": node_index,
+                    "generation": generation,
+                    "plugin": plugin_name,
+                    "disposition": NodeDisposition(disposition).value,
+                    "error": error,
+                    "task_count": len(plans),
+                },
+            )
+            rows = [
+                {
+                    "task_id": f"{run_id}:{node_index}:{generation}:{n}",
+                    "run_id": run_id,
+                    "node_index": node_index,
+                    "generation": generation,
+                    "launch_id": launch_id,
+                    "status": TaskStatus.QUEUED.value,
+                    "attempt_id": self._new_id(),
+                    "plan": plan.model_dump_json(),
+                    "delivery_id": self._new_id(),
+                }
+                for n, plan in enumerate(plans)
+            ]
+            if rows:
+                now = self._now()
+                tx.many("task_insert", rows)
+                tx.many("delivery_insert", ({**row, "now": now} for row in rows))
+            self._bump(tx, run_id, node_index)
+            launch = tx.one("launch_active", {"run_id": run_id, "node_index": node_index})
+            assert launch is not None
+            return LaunchCreateResult(
+                status=LaunchCreateStatus.CREATED, launch=self._launch_view(tx, launch)
+            )
+
+    def _validate_launch(
+        self,
+        run: Row,
+        node_index: int,
+        *,
+        plugin_name: str,
+        token: str,
+        plans: tuple[TaskInputPlan, ...],
+        zero: NodeDisposition | None,
+        error: str,
+    ) -> None:
+        """OB-02: every check happens before any write."""
+        count = run["node_count"]
+        if type(node_index) is not int or not 0 <= node_index < count:
+            raise InvalidStoreValueError(
+                f"node index {node_index!r} is not a node of run {run['run_id']!r}",
+                field="node_index",
+            )
+        node = self._topology(run).nodes[node_index]
+        if plugin_name != node.plugin:
+            raise InvalidStoreValueError(
+                f"plugin {plugin_name!r} does not match node {node.slug!r} ({node.plugin!r})",
+                field="plugin_name",
+            )
+        if not isinstance(token, str) or not token:
+            raise InvalidStoreValueError("snapshot token must be a non-empty string", field="token")
+        if not isinstance(error, str):
+            raise InvalidStoreValueError("error must be a string", field="error")
+        limit = self.limits.max_task_plans_per_launch
+        if len(plans) > limit:
+            raise InvalidStoreValueError(
+                f"node {node.slug!r} launch has {len(plans)} task plans; maximum is {limit}",
+                field="plans",
+                limit=limit,
+            )
+        if plans:
+            if zero is not None:
+                raise InvalidStoreValueError(
+                    "a launch with plans takes no zero-task disposition",
+                    field="zero_task_disposition",
+                )
+            return
+        if zero is None or NodeDisposition(zero) is NodeDisposition.LAUNCHED:
+            raise InvalidStoreValueError(
+                "a launch without plans needs a zero-task disposition",
+                field="zero_task_disposition",
+            )
+        if NodeDisposition(zero) is NodeDisposition.FAILED and not error:
+            raise InvalidStoreValueError("a failed launch must carry an error", field="error")
+
+    def _validate_plans(
+        self,
+        tx: Tx,
+        run: Row,
+        node_index: int,
+        generation: int,
+        plans: tuple[TaskInputPlan, ...],
+    ) -> None:
+        topology = self._topology(run)
+        node = topology.nodes[node_index]
+        edge_sources = topology.source_indices(node_index)
+        wanted: set[str] = set()
+        for position, plan in enumerate(plans):
+            if not isinstance(plan, TaskInputPlan):
+                raise InvalidStoreValueError(
+                    f"plan {position} is not a TaskInputPlan", field="plans"
+                )
+            for planned in plan.edges:
+                wanted.update(planned.output_ids)
+        # One query for every referenced output, not one per plan.
+        published: dict[str, int] = {}
+        if wanted:
+            for row in tx.all(
+                "outputs_valid_by_ids",
+                {"run_id": run["run_id"], "ids": json.dumps(sorted(wanted))},
+            ):
+                published[row["output_id"]] = row["node_index"]
+        for position, plan in enumerate(plans):
+            if plan.generation != generation:
+                raise InvalidStoreValueError(
+                    f"plan {position} of node {node.slug!r} has generation {plan.generation}; "
+                    f"the node's generation is {generation}",
+                    field="plans",
+                )
+            for planned in plan.edges:
+                source = edge_sources.get(planned.edge)
+                if source is None or source != planned.source_index:
+                    raise InvalidStoreValueError(
+                        f"plan {position} edge {planned.edge!r} is not an edge of "
+                        f"node {node.slug!r} from source {planned.source_index}",
+                        field="plans",
+                    )
+                for output_id in planned.output_ids:
+                    if published.get(output_id) != source:
+                        raise InvalidStoreValueError(
+                            f"plan {position} edge {planned.edge!r} names output "
+                            f"{output_id!r}, which its source has not published",
+                            field="plans",
+                        )
+
+    # -- outputs ------------------------------------------------------------------------
+
+    def resolve_outputs(
+        self, run_id: str, output_ids: tuple[str, ...]
+    ) -> Mapping[str, ResolvedOutput]:
+        ids = [output_id for output_id in output_ids if isinstance(output_id, str)]
+        if not ids:
+            return {}
+        with self._gw.read() as tx:
+            found: dict[str, ResolvedOutput] = {}
+            for row in tx.all(
+                "outputs_resolve", {"run_id": run_id, "ids": json.dumps(sorted(set(ids)))}
+            ):
+                found[row["output_id"]] = ResolvedOutput.model_construct(
+                    id=row["output_id"],
+                    fields=loads_object(row["fields"]),
+                    data=MappingProxyType(json.loads(row["data"])),
+                )
+            # Keyed in request order, like the reference store.
+            return {output_id: found[output_id] for output_id in output_ids if output_id in found}
+
+    def get_output_ids(self, run_id: str, node_index: int) -> tuple[str, ...]:
+        with self._gw.read() as tx:
+            rows = tx.all("output_ids_of_node", {"run_id": run_id, "node_index": node_index})
+            return tuple(row["output_id"] for row in rows)

@@ -1,0 +1,199 @@
+"""The durable queue of the SQL store: leases, nacks, dead letters.
+
+The outbox table is the queue. ``available_at`` is the row's visibility
+time: a lease or a nack delay moves it into the future, so one indexed
+comparison finds every deliverable row.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+
+from dagwerk.constants import TaskStatus
+from dagwerk.store import (
+    DeadLetter,
+    InvalidStoreValueError,
+    LeasedDelivery,
+    validate_queue_names,
+    validate_seconds,
+    validate_worker_id,
+)
+
+from ._base import SqlStoreBase
+from .gateway import Row, Tx
+
+MAX_DELIVERIES_REASON = "max_deliveries"
+
+
+class QueueMixin(SqlStoreBase):
+    def dequeue(
+        self,
+        worker_id: str,
+        *,
+        limit: int,
+        lease_seconds: float,
+        queues: Sequence[str] | None = None,
+    ) -> list[LeasedDelivery]:
+        validate_worker_id(worker_id)
+        if type(limit) is not int or limit < 1:
+            raise InvalidStoreValueError("limit must be an int >= 1", field="limit")
+        lease = validate_seconds(lease_seconds, "lease_seconds", positive=True)
+        names = validate_queue_names(queues)
+        if names == []:
+            return []
+        queue_filter = None if names is None else json.dumps(names)
+        with self._gw.write() as tx:
+            now = self._now()
+            leased: list[LeasedDelivery] = []
+            while len(leased) < limit:
+                rows = tx.all(
+                    "queue_candidates",
+                    {"now": now, "queues": queue_filter, "limit": limit - len(leased)},
+                )
+                if not rows:
+                    break
+                for row in rows:
+                    if row["delivery_count"] >= self.max_deliveries:
+                        # Dead-lettered rows leave the candidate set, so the
+                        # loop always makes progress.
+                        self._bury(tx, row, MAX_DELIVERIES_REASON, now)
+                        continue
+                    expires = now + lease
+                    tx.run(
+                        "queue_lease",
+                        {
+                            "delivery_id": row["delivery_id"],
+                            "worker_id": worker_id,
+                            "expires": expires,
+                        },
+                    )
+                    leased.append(_leased(row, worker_id, expires))
+            return leased
+
+    def ack(self, delivery_id: str, worker_id: str) -> bool:
+        validate_worker_id(worker_id)
+        with self._gw.write() as tx:
+            return tx.run("queue_ack", {"delivery_id": delivery_id, "worker_id": worker_id}) == 1
+
+    def nack(
+        self,
+        delivery_id: str,
+        worker_id: str,
+        *,
+        delay: float = 0.0,
+        poison: bool = False,
+        reason: str = "",
+    ) -> bool:
+        validate_worker_id(worker_id)
+        wait = validate_seconds(delay, "delay", positive=False)
+        if not isinstance(reason, str):
+            raise InvalidStoreValueError("reason must be a string", field="reason")
+        with self._gw.write() as tx:
+            row = tx.one("queue_get", {"delivery_id": delivery_id})
+            if row is None or row["lease_owner"] != worker_id:
+                return False
+            now = self._now()
+            if poison:
+                self._bury(tx, row, reason or "poison", now)
+                return True
+            tx.run("queue_release", {"delivery_id": delivery_id, "available_at": now + wait})
+            return True
+
+    def extend_lease(self, delivery_id: str, worker_id: str, lease_seconds: float) -> bool:
+        validate_worker_id(worker_id)
+        lease = validate_seconds(lease_seconds, "lease_seconds", positive=True)
+        with self._gw.write() as tx:
+            now = self._now()
+            changed = tx.run(
+                "queue_extend",
+                {
+                    "delivery_id": delivery_id,
+                    "worker_id": worker_id,
+                    "now": now,
+                    "expires": now + lease,
+                },
+            )
+            return changed == 1
+
+    def list_dead_letters(self, run_id: str | None = None) -> list[DeadLetter]:
+        with self._gw.read() as tx:
+            return [_dead_letter(row) for row in tx.all("dead_letters_list", {"run_id": run_id})]
+
+    def reinject_dead_letter(self, dead_letter_id: str) -> str | None:
+        with self._gw.write() as tx:
+            letter = tx.one("dead_letter_get", {"dead_letter_id": dead_letter_id})
+            if letter is None or letter["reinjected_attempt_id"] is not None:
+                return None
+            task = self._task(tx, letter["task_id"])
+            if (
+                task is None
+                or not task["owned"]
+                or task["run_status"] != "running"
+                or task["attempt_id"] != letter["attempt_id"]
+                or task["generation"] != letter["generation"]
+                or task["status"]
+                not in (TaskStatus.QUEUED.value, TaskStatus.RUNNING.value, TaskStatus.CRASHED.value)
+            ):
+                return None
+            # Any other row of the old attempt is dropped: only the fresh
+            # attempt may be offered from now on.
+            tx.run("deliveries_drop_task", {"task_id": task["task_id"]})
+            new_attempt = self._replace_attempt(tx, task)
+            changed = tx.run(
+                "dead_letter_mark_reinjected",
+                {"dead_letter_id": dead_letter_id, "attempt_id": new_attempt},
+            )
+            if changed != 1:  # guarded by the write lock; kept as a compare-and-set
+                raise AssertionError("dead letter changed under the write lock")
+            self._bump(tx, task["run_id"], task["node_index"])
+            return new_attempt
+
+    def _bury(self, tx: Tx, row: Row, reason: str, now: float) -> None:
+        """Move one queue row to the dead-letter table in the caller's transaction."""
+        tx.run(
+            "dead_letter_insert",
+            {
+                "dead_letter_id": self._new_id(),
+                "delivery_id": row["delivery_id"],
+                "reason": reason,
+                "now": now,
+            },
+        )
+        tx.run("delivery_delete", {"delivery_id": row["delivery_id"]})
+
+
+def _leased(row: Row, worker_id: str, expires: float) -> LeasedDelivery:
+    return LeasedDelivery(
+        delivery_id=row["delivery_id"],
+        task_id=row["task_id"],
+        attempt_id=row["attempt_id"],
+        generation=row["generation"],
+        run_id=row["run_id"],
+        node_index=row["node_index"],
+        launch_id=row["launch_id"],
+        queue=row["queue"],
+        priority=row["priority"],
+        delivery_count=row["delivery_count"] + 1,
+        worker_id=worker_id,
+        lease_expires_at=expires,
+    )
+
+
+def _dead_letter(row: Row) -> DeadLetter:
+    return DeadLetter(
+        dead_letter_id=row["dead_letter_id"],
+        delivery_id=row["delivery_id"],
+        task_id=row["task_id"],
+        attempt_id=row["attempt_id"],
+        generation=row["generation"],
+        run_id=row["run_id"],
+        node_index=row["node_index"],
+        launch_id=row["launch_id"],
+        queue=row["queue"],
+        priority=row["priority"],
+        delivery_count=row["delivery_count"],
+        reason=row["reason"],
+        dead_at=row["dead_at"],
+        reinjected_attempt_id=row["reinjected_attempt_id"],
+    )

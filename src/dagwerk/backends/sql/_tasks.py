@@ -1,0 +1,332 @@
+"""Attempt fencing of the SQL store: claim, complete, fail, crash, recover and
+task retry, plus the task and outbox views."""
+
+from __future__ import annotations
+
+import json
+
+from dagwerk.constants import TaskStatus
+from dagwerk.errors import PlanningError
+from dagwerk.json import bounded_json_size
+from dagwerk.models import EmittedOutput, TaskInputPlan
+from dagwerk.planning import correlation_id_for_output
+from dagwerk.store import (
+    Delivery,
+    InvalidStoreValueError,
+    OutputPublicationError,
+    TaskClaimResult,
+    TaskCompletionResult,
+    TaskFailureResult,
+    TaskRecord,
+    TaskRecoveryResult,
+    validate_output_batch_routing_size,
+    validate_output_batch_size,
+)
+from dagwerk.transitions import check_task_transition
+
+from ._base import SqlStoreBase, dumps
+from .gateway import Row, Tx
+
+
+def task_record(row: Row) -> TaskRecord:
+    return TaskRecord(
+        task_id=row["task_id"],
+        run_id=row["run_id"],
+        node_index=row["node_index"],
+        generation=row["generation"],
+        launch_id=row["launch_id"],
+        status=TaskStatus(row["status"]),
+        attempt_id=row["attempt_id"],
+        plan=TaskInputPlan.model_validate_json(row["plan"]),
+        error=row["error"],
+        resumed_from_wait_id=row["resumed_from_wait_id"],
+        active_wait_id=row["active_wait_id"],
+        invalidated=bool(row["invalidated"]),
+    )
+
+
+def delivery_record(row: Row) -> Delivery:
+    return Delivery(
+        delivery_id=row["delivery_id"],
+        task_id=row["task_id"],
+        attempt_id=row["attempt_id"],
+        generation=row["generation"],
+        run_id=row["run_id"],
+        node_index=row["node_index"],
+        launch_id=row["launch_id"],
+    )
+
+
+def _data_text(output: EmittedOutput) -> str:
+    try:
+        return json.dumps(dict(output.data), separators=(",", ":"), allow_nan=False)
+    except (TypeError, ValueError) as exc:
+        # A durable store keeps only JSON; the reference store keeps objects.
+        raise OutputPublicationError(
+            f"output {output.id!r} data is not JSON-serialisable: {exc}", field="outputs"
+        ) from None
+
+
+class TasksMixin(SqlStoreBase):
+    # -- views ---------------------------------------------------------------------
+
+    def get_task(self, task_id: str) -> TaskRecord | None:
+        with self._gw.read() as tx:
+            row = self._task(tx, task_id)
+            return None if row is None else task_record(row)
+
+    def list_tasks(self, run_id: str, *, include_invalidated: bool = False) -> list[TaskRecord]:
+        with self._gw.read() as tx:
+            rows = tx.all("tasks_of_run", {"run_id": run_id, "all": int(include_invalidated)})
+            return [task_record(row) for row in rows]
+
+    def list_deliveries(self, run_id: str | None = None) -> list[Delivery]:
+        with self._gw.read() as tx:
+            return [delivery_record(row) for row in tx.all("deliveries_list", {"run_id": run_id})]
+
+    def ack_delivery(self, delivery_id: str) -> bool:
+        with self._gw.write() as tx:
+            return tx.run("delivery_delete", {"delivery_id": delivery_id}) == 1
+
+    # -- claim and recovery ----------------------------------------------------------
+
+    def try_claim_task(
+        self, task_id: str, *, expected_attempt_id: str, expected_generation: int
+    ) -> TaskClaimResult | None:
+        with self._gw.write() as tx:
+            task = self._current(
+                tx, task_id, expected_attempt_id, TaskStatus.QUEUED, expected_generation
+            )
+            if task is None:
+                return None
+            self._set_status(tx, task, TaskStatus.RUNNING)
+            return TaskClaimResult(
+                task_id=task["task_id"],
+                attempt_id=task["attempt_id"],
+                run_id=task["run_id"],
+                node_index=task["node_index"],
+                generation=task["generation"],
+                resumed_from_wait_id=task["resumed_from_wait_id"],
+            )
+
+    def try_recover_task(
+        self, task_id: str, *, expected_attempt_id: str, expected_generation: int
+    ) -> TaskRecoveryResult | None:
+        with self._gw.write() as tx:
+            key = {
+                "task_id": task_id,
+                "abandoned": expected_attempt_id,
+                "generation": expected_generation,
+            }
+            stored = tx.one("recovery_get", key)
+            if stored is not None:
+                return _recovery(stored)
+            task = self._current(
+                tx, task_id, expected_attempt_id, TaskStatus.RUNNING, expected_generation
+            )
+            if task is None:
+                return None
+            new_attempt = self._replace_attempt(tx, task)
+            tx.run("recovery_insert", {**key, "recovered": new_attempt})
+            stored = tx.one("recovery_get", key)
+            assert stored is not None
+            return _recovery(stored)
+
+    # -- completion ------------------------------------------------------------------
+
+    def try_complete_task(
+        self, task_id: str, outputs: tuple[EmittedOutput, ...], *, expected_attempt_id: str
+    ) -> TaskCompletionResult | None:
+        with self._gw.write() as tx:
+            task = self._task(tx, task_id)
+            if task is None:
+                return None
+            if task["completed_attempt_id"] is not None:
+                # FN-06: an exact repeat returns the first result; its outputs
+                # are ignored.
+                if task["completed_attempt_id"] != expected_attempt_id:
+                    return None
+                return _completion(task, bool(task["completed_launch_complete"]))
+            # FN-05: ownership before any look at the outputs.
+            task = self._current(tx, task_id, expected_attempt_id, TaskStatus.RUNNING, None)
+            if task is None:
+                return None
+            prepared = self._prepare_outputs(tx, task, tuple(outputs))
+            if prepared:
+                tx.many("output_insert", prepared)
+            check_task_transition(TaskStatus.RUNNING, TaskStatus.COMPLETED)
+            tx.run("launch_count_completion", {"launch_id": task["launch_id"]})
+            launch = tx.one("launch_by_id", {"launch_id": task["launch_id"]})
+            assert launch is not None
+            complete = launch["completed"] == launch["task_count"]
+            tx.run(
+                "task_complete",
+                {
+                    "task_id": task_id,
+                    "attempt_id": expected_attempt_id,
+                    "launch_complete": int(complete),
+                },
+            )
+            self._bump(tx, task["run_id"], task["node_index"])
+            return _completion(task, complete)
+
+    def _prepare_outputs(
+        self, tx: Tx, task: Row, outputs: tuple[EmittedOutput, ...]
+    ) -> list[dict[str, object]]:
+        """FN-07: validate the whole first batch before anything is written."""
+        # The count is checked before any routing size is computed.
+        validate_output_batch_size(len(outputs), limit=self.limits.max_outputs_per_task_completion)
+        for output in outputs:
+            if not isinstance(output, EmittedOutput):
+                raise OutputPublicationError(
+                    "task completion outputs must be EmittedOutput values", field="outputs"
+                )
+        ids = [output.id for output in outputs]
+        if len(set(ids)) != len(ids):
+            raise OutputPublicationError(
+                "a task completion contains duplicate output IDs", field="outputs"
+            )
+        if not outputs:
+            return []
+        run_id = task["run_id"]
+        reserved = {
+            row["output_id"]
+            for row in tx.all("outputs_reserved", {"run_id": run_id, "ids": json.dumps(ids)})
+        }
+        taken = [output_id for output_id in ids if output_id in reserved]
+        if taken:
+            raise OutputPublicationError(
+                f"output IDs already exist in this run: {taken[:5]!r}", field="outputs"
+            )
+        run = tx.one("run_get", {"run_id": run_id})
+        assert run is not None
+        topology = self._topology(run)
+        node = topology.nodes[task["node_index"]]
+        is_root = not topology.dependencies[task["node_index"]]
+        plan_correlation = TaskInputPlan.model_validate_json(task["plan"]).correlation_id
+        limit = self.limits.max_task_completion_routing_bytes
+        total = 0
+        prepared: list[dict[str, object]] = []
+        for output in outputs:
+            try:
+                correlation = correlation_id_for_output(
+                    node,
+                    is_root=is_root,
+                    task_correlation_id=plan_correlation,
+                    output_id=output.id,
+                )
+            except PlanningError as exc:
+                raise OutputPublicationError(
+                    f"cannot derive the correlation of output {output.id!r}: {exc}",
+                    field="outputs",
+                ) from exc
+            size = bounded_json_size(
+                {"correlation_id": correlation, "fields": output.fields, "id": output.id},
+                limit + 1,
+            )
+            total += size
+            if total > limit:
+                validate_output_batch_routing_size(total, limit=limit)
+            prepared.append(
+                {
+                    "run_id": run_id,
+                    "output_id": output.id,
+                    "node_index": task["node_index"],
+                    "fields": dumps(output.fields),
+                    "data": _data_text(output),
+                    "correlation_id": correlation,
+                    "routing_size": size,
+                }
+            )
+        return prepared
+
+    # -- failure and crash -------------------------------------------------------------
+
+    def _mark(
+        self, task_id: str, error: str, expected_attempt_id: str, status: TaskStatus
+    ) -> TaskFailureResult | None:
+        if not isinstance(error, str):
+            raise InvalidStoreValueError("error must be a string", field="error")
+        with self._gw.write() as tx:
+            task = self._task(tx, task_id)
+            if task is None:
+                return None
+            if task["failure_attempt_id"] is not None:
+                # FN-10: a repeat by the same attempt replays the first result
+                # (and its first error) while the task still holds it.
+                if (
+                    task["failure_attempt_id"] == expected_attempt_id == task["attempt_id"]
+                    and task["failure_status"] == status.value
+                    and task["status"] == status.value
+                ):
+                    return _failure(task, status)
+                return None
+            task = self._current(tx, task_id, expected_attempt_id, TaskStatus.RUNNING, None)
+            if task is None:
+                return None
+            check_task_transition(TaskStatus.RUNNING, status)
+            tx.run(
+                "task_mark_failure",
+                {
+                    "task_id": task_id,
+                    "attempt_id": expected_attempt_id,
+                    "status": status.value,
+                    "error": error,
+                },
+            )
+            self._bump(tx, task["run_id"], task["node_index"])
+            return _failure(task, status)
+
+    def mark_task_failed(
+        self, task_id: str, error: str, *, expected_attempt_id: str
+    ) -> TaskFailureResult | None:
+        return self._mark(task_id, error, expected_attempt_id, TaskStatus.FAILED)
+
+    def mark_task_crashed(
+        self, task_id: str, error: str, *, expected_attempt_id: str
+    ) -> TaskFailureResult | None:
+        return self._mark(task_id, error, expected_attempt_id, TaskStatus.CRASHED)
+
+    def try_create_task_retry(self, task_id: str, *, expected_attempt_id: str) -> str | None:
+        with self._gw.write() as tx:
+            task = self._current(tx, task_id, expected_attempt_id, TaskStatus.CRASHED, None)
+            if task is None:
+                return None
+            # The plan, generation and resumed_from_wait_id stay (WT-15).
+            new_attempt = self._replace_attempt(tx, task)
+            self._bump(tx, task["run_id"], task["node_index"])
+            return new_attempt
+
+
+def _completion(task: Row, launch_complete: bool) -> TaskCompletionResult:
+    return TaskCompletionResult(
+        task_id=task["task_id"],
+        attempt_id=task["attempt_id"],
+        run_id=task["run_id"],
+        node_index=task["node_index"],
+        generation=task["generation"],
+        launch_complete=launch_complete,
+    )
+
+
+def _failure(task: Row, status: TaskStatus) -> TaskFailureResult:
+    return TaskFailureResult(
+        task_id=task["task_id"],
+        attempt_id=task["attempt_id"],
+        run_id=task["run_id"],
+        node_index=task["node_index"],
+        generation=task["generation"],
+        status=status,
+    )
+
+
+def _recovery(row: Row) -> TaskRecoveryResult:
+    return TaskRecoveryResult(
+        task_id=row["task_id"],
+        abandoned_attempt_id=row["abandoned_attempt_id"],
+        recovered_attempt_id=row["recovered_attempt_id"],
+        run_id=row["run_id"],
+        node_index=row["node_index"],
+        generation=row["generation"],
+        resumed_from_wait_id=row["resumed_from_wait_id"],
+    )

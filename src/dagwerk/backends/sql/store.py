@@ -1,0 +1,25 @@
+"""The SQL store: every store protocol over named queries and gateway hooks."""
+
+from __future__ import annotations
+
+from ._launches import LaunchesMixin
+from ._queue import QueueMixin
+from ._runs import RunsMixin
+from ._tasks import TasksMixin
+from ._waits import WaitsMixin
+
+__all__ = ["SqlStore"]
+
+
+class SqlStore(RunsMixin, LaunchesMixin, TasksMixin, WaitsMixin, QueueMixin):
+    """Implements ``DagStore``, ``DagWaitStore``, ``DagRetryStore``,
+    ``OutputResolver``, ``DagRunStore``, ``RunActivityStore`` and
+    ``DagQueueStore`` over a :class:`~dagwerk.backends.sql.gateway.Gateway`.
+
+    Behaves exactly like :class:`~dagwerk.backends.memory.MemoryStore`, with
+    one durable difference: output ``data`` must be JSON-serialisable. Each
+    public method runs in one gateway transaction; writes hold the database
+    write lock from their first statement, so every compare-and-set sees the
+    state it checks. Constructor arguments: see
+    :class:`~dagwerk.backends.sql._base.SqlStoreBase`.
+    """

@@ -1,0 +1,222 @@
+"""The SQLite gateway: one connection, named queries, transactions, errors.
+
+This module is the only place that talks to :mod:`sqlite3`. It loads
+``queries.sql`` once, opens every write with ``BEGIN IMMEDIATE`` (the write
+lock is taken up front, so a transaction never fails half-way on a lock
+upgrade), waits up to ``busy_timeout`` for other writers, and translates
+every driver error into :mod:`dagwerk.backends.errors`.
+"""
+
+from __future__ import annotations
+
+import os
+import sqlite3
+import threading
+from collections.abc import Iterable, Iterator
+from contextlib import AbstractContextManager, contextmanager, suppress
+from pathlib import Path
+
+from dagwerk.backends.errors import (
+    StoreBusyError,
+    StoreCorruptError,
+    StoreFullError,
+    StoreReadOnlyError,
+    StoreUnavailableError,
+)
+from dagwerk.backends.sql.gateway import Params, Row, load_queries
+from dagwerk.errors import DagwerkError
+from dagwerk.store import StoreContractError
+
+__all__ = ["QUERIES", "SqliteGateway", "translate_error"]
+
+QUERIES_PATH = Path(__file__).with_name("queries.sql")
+QUERIES: dict[str, str] = load_queries(QUERIES_PATH)
+
+# Primary result codes (the low byte of the extended code).
+_BUSY, _LOCKED, _READONLY, _IOERR, _CORRUPT, _FULL, _CANTOPEN, _NOTADB = 5, 6, 8, 10, 11, 13, 14, 26
+
+
+def translate_error(exc: sqlite3.Error, context: str) -> DagwerkError:
+    """The dagwerk error for a driver error (the driver error becomes its cause)."""
+    code = (getattr(exc, "sqlite_errorcode", None) or 0) & 0xFF
+    text = f"{context}: {exc}"
+    if isinstance(exc, sqlite3.IntegrityError):
+        return StoreContractError(f"{context}: constraint violated: {exc}")
+    if code in (_BUSY, _LOCKED) or "locked" in str(exc):
+        return StoreBusyError(text)
+    if code == _READONLY or "readonly" in str(exc):
+        return StoreReadOnlyError(text)
+    if code == _FULL or "full" in str(exc):
+        return StoreFullError(text)
+    if code in (_CORRUPT, _NOTADB) or "not a database" in str(exc):
+        return StoreCorruptError(text)
+    return StoreUnavailableError(text)
+
+
+class _Tx:
+    """One open transaction on the gateway's connection."""
+
+    __slots__ = ("_conn",)
+
+    def __init__(self, conn: sqlite3.Connection) -> None:
+        self._conn = conn
+
+    def _execute(self, name: str, params: Params | None) -> sqlite3.Cursor:
+        try:
+            return self._conn.execute(QUERIES[name], params or {})
+        except sqlite3.Error as exc:
+            raise translate_error(exc, f"query {name!r} failed") from exc
+
+    def one(self, name: str, params: Params | None = None) -> Row | None:
+        row: Row | None = self._execute(name, params).fetchone()
+        return row
+
+    def all(self, name: str, params: Params | None = None) -> list[Row]:
+        rows: list[Row] = self._execute(name, params).fetchall()
+        return rows
+
+    def run(self, name: str, params: Params | None = None) -> int:
+        return self._execute(name, params).rowcount
+
+    def many(self, name: str, rows: Iterable[Params]) -> None:
+        try:
+            self._conn.executemany(QUERIES[name], rows)
+        except sqlite3.Error as exc:
+            raise translate_error(exc, f"query {name!r} failed") from exc
+
+
+class SqliteGateway:
+    """One connection per process, shared by threads under a lock.
+
+    SQLite admits one writer at a time anyway, so a per-thread connection
+    would only add lock contention inside the database. After ``fork`` the
+    child opens its own connection (a connection must not cross processes).
+    """
+
+    def __init__(
+        self,
+        path: str,
+        *,
+        busy_timeout: float = 30.0,
+        read_only: bool = False,
+        max_page_count: int | None = None,
+    ) -> None:
+        self.path = path
+        self.busy_timeout = busy_timeout
+        self.read_only = read_only
+        self.max_page_count = max_page_count
+        self._lock = threading.Lock()
+        self._pid = os.getpid()
+        self._conn: sqlite3.Connection | None = None
+        self._conn = self._connect()
+
+    @property
+    def in_memory(self) -> bool:
+        return self.path == ":memory:" or self.path.startswith("file::memory:")
+
+    def _connect(self) -> sqlite3.Connection:
+        target = self.path
+        if self.read_only and not self.in_memory:
+            target = f"file:{self.path}?mode=ro"
+        try:
+            conn = sqlite3.connect(
+                target,
+                uri=target.startswith("file:"),
+                timeout=self.busy_timeout,
+                isolation_level=None,  # transactions are explicit
+                check_same_thread=False,  # guarded by self._lock
+                cached_statements=256,
+            )
+        except sqlite3.Error as exc:
+            raise translate_error(exc, f"cannot open {self.path!r}") from exc
+        conn.row_factory = sqlite3.Row
+        try:
+            conn.execute(f"PRAGMA busy_timeout = {int(self.busy_timeout * 1000)}")
+            conn.execute("PRAGMA foreign_keys = ON")
+            if self.max_page_count is not None:
+                conn.execute(f"PRAGMA max_page_count = {int(self.max_page_count)}")
+            if not self.in_memory:
+                mode = conn.execute("PRAGMA journal_mode = WAL").fetchone()[0]
+                if str(mode).lower() != "wal":
+                    raise StoreReadOnlyError(
+                        f"cannot switch {self.path!r} to WAL mode (journal mode {mode!r})"
+                    )
+                # In WAL mode NORMAL survives any process crash; only a power
+                # loss can drop the last commits.
+                conn.execute("PRAGMA synchronous = NORMAL")
+        except sqlite3.Error as exc:
+            conn.close()
+            raise translate_error(exc, f"cannot open {self.path!r}") from exc
+        except DagwerkError:
+            conn.close()
+            raise
+        return conn
+
+    def _connection(self) -> sqlite3.Connection:
+        if self._conn is None:
+            raise StoreUnavailableError(f"store {self.path!r} is closed")
+        if os.getpid() != self._pid:
+            # Forked: never touch the parent's connection.
+            self._pid = os.getpid()
+            self._conn = self._connect()
+        return self._conn
+
+    @contextmanager
+    def _transaction(self, begin: str) -> Iterator[_Tx]:
+        with self._lock:
+            conn = self._connection()
+            try:
+                conn.execute(begin)
+            except sqlite3.Error as exc:
+                raise translate_error(exc, "cannot begin a transaction") from exc
+            try:
+                yield _Tx(conn)
+            except BaseException:
+                _rollback(conn)
+                raise
+            try:
+                conn.execute("COMMIT")
+            except sqlite3.Error as exc:
+                _rollback(conn)
+                raise translate_error(exc, "commit failed") from exc
+
+    def write(self) -> AbstractContextManager[_Tx]:
+        """A write transaction: ``BEGIN IMMEDIATE`` ... ``COMMIT``."""
+        return self._transaction("BEGIN IMMEDIATE")
+
+    def read(self) -> AbstractContextManager[_Tx]:
+        """A read transaction: one consistent snapshot of the database."""
+        return self._transaction("BEGIN")
+
+    def script(self, sql: str) -> None:
+        """Run a multi-statement script inside the current write transaction's
+        connection (used by migrations, which the caller wraps in ``write()``)."""
+        conn = self._connection()
+        buffer = ""
+        for line in sql.splitlines(keepends=True):
+            buffer += line
+            if sqlite3.complete_statement(buffer):
+                try:
+                    conn.execute(buffer)
+                except sqlite3.Error as exc:
+                    raise translate_error(exc, "migration failed") from exc
+                buffer = ""
+        if buffer.strip() and not _only_comments(buffer):
+            raise StoreCorruptError(f"incomplete statement in migration: {buffer.strip()[:80]!r}")
+
+    def close(self) -> None:
+        with self._lock:
+            if self._conn is not None and os.getpid() == self._pid:
+                self._conn.close()
+            self._conn = None
+
+
+def _only_comments(text: str) -> bool:
+    return all(not line.strip() or line.strip().startswith("--") for line in text.splitlines())
+
+
+def _rollback(conn: sqlite3.Connection) -> None:
+    # SQLite rolls some failures (e.g. SQLITE_FULL) back by itself.
+    if conn.in_transaction:
+        with suppress(sqlite3.Error):
+            conn.execute("ROLLBACK")

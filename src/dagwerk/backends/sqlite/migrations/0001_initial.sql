@@ -1,0 +1,141 @@
+-- dagwerk SQLite schema, version 1: runs, launches, tasks, outputs, waits,
+-- recoveries, the queue (outbox) and its dead letters.
+
+CREATE TABLE dagwerk_schema_version (
+    version INTEGER NOT NULL
+);
+
+CREATE TABLE dagwerk_runs (
+    run_id TEXT PRIMARY KEY,
+    nodes TEXT NOT NULL,
+    run_input TEXT NOT NULL,
+    failure_policy TEXT NOT NULL,
+    status TEXT NOT NULL,
+    retry_count INTEGER NOT NULL DEFAULT 0,
+    error TEXT,
+    -- Bumped by every terminal transition and reopen: older tokens go stale.
+    epoch INTEGER NOT NULL DEFAULT 0,
+    node_count INTEGER NOT NULL,
+    queue TEXT NOT NULL,
+    priority INTEGER NOT NULL
+);
+
+CREATE TABLE dagwerk_nodes (
+    run_id TEXT NOT NULL REFERENCES dagwerk_runs (run_id),
+    node_index INTEGER NOT NULL,
+    generation INTEGER NOT NULL DEFAULT 0,
+    revision INTEGER NOT NULL DEFAULT 0,
+    PRIMARY KEY (run_id, node_index)
+) WITHOUT ROWID;
+
+CREATE TABLE dagwerk_launches (
+    launch_id TEXT PRIMARY KEY,
+    run_id TEXT NOT NULL REFERENCES dagwerk_runs (run_id),
+    node_index INTEGER NOT NULL,
+    generation INTEGER NOT NULL,
+    plugin TEXT NOT NULL,
+    disposition TEXT NOT NULL,
+    error TEXT NOT NULL,
+    task_count INTEGER NOT NULL,
+    completed INTEGER NOT NULL DEFAULT 0,
+    active INTEGER NOT NULL DEFAULT 1
+);
+CREATE UNIQUE INDEX dagwerk_launches_active
+    ON dagwerk_launches (run_id, node_index) WHERE active = 1;
+
+CREATE TABLE dagwerk_tasks (
+    seq INTEGER PRIMARY KEY,
+    task_id TEXT NOT NULL UNIQUE,
+    run_id TEXT NOT NULL REFERENCES dagwerk_runs (run_id),
+    node_index INTEGER NOT NULL,
+    generation INTEGER NOT NULL,
+    launch_id TEXT NOT NULL REFERENCES dagwerk_launches (launch_id),
+    status TEXT NOT NULL,
+    attempt_id TEXT NOT NULL,
+    plan TEXT NOT NULL,
+    error TEXT,
+    resumed_from_wait_id TEXT,
+    active_wait_id TEXT,
+    invalidated INTEGER NOT NULL DEFAULT 0,
+    completed_attempt_id TEXT,
+    completed_launch_complete INTEGER,
+    failure_attempt_id TEXT,
+    failure_status TEXT
+);
+CREATE INDEX dagwerk_tasks_run ON dagwerk_tasks (run_id, invalidated, status);
+CREATE INDEX dagwerk_tasks_launch ON dagwerk_tasks (launch_id, seq);
+
+CREATE TABLE dagwerk_outputs (
+    seq INTEGER PRIMARY KEY,
+    run_id TEXT NOT NULL REFERENCES dagwerk_runs (run_id),
+    output_id TEXT NOT NULL,
+    node_index INTEGER NOT NULL,
+    fields TEXT NOT NULL,
+    data TEXT NOT NULL,
+    correlation_id TEXT,
+    routing_size INTEGER NOT NULL,
+    invalidated INTEGER NOT NULL DEFAULT 0,
+    -- Output IDs stay reserved for the run's lifetime, invalidated or not.
+    UNIQUE (run_id, output_id)
+);
+CREATE INDEX dagwerk_outputs_node ON dagwerk_outputs (run_id, node_index, invalidated, seq);
+
+CREATE TABLE dagwerk_waits (
+    task_id TEXT NOT NULL REFERENCES dagwerk_tasks (task_id),
+    wait_id TEXT NOT NULL,
+    attempt_id TEXT NOT NULL,
+    generation INTEGER NOT NULL,
+    state TEXT NOT NULL,
+    resumed_attempt_id TEXT,
+    PRIMARY KEY (task_id, wait_id)
+) WITHOUT ROWID;
+
+CREATE TABLE dagwerk_recoveries (
+    task_id TEXT NOT NULL REFERENCES dagwerk_tasks (task_id),
+    abandoned_attempt_id TEXT NOT NULL,
+    generation INTEGER NOT NULL,
+    recovered_attempt_id TEXT NOT NULL,
+    resumed_from_wait_id TEXT,
+    PRIMARY KEY (task_id, abandoned_attempt_id, generation)
+) WITHOUT ROWID;
+
+CREATE TABLE dagwerk_deliveries (
+    seq INTEGER PRIMARY KEY,
+    delivery_id TEXT NOT NULL UNIQUE,
+    task_id TEXT NOT NULL REFERENCES dagwerk_tasks (task_id),
+    attempt_id TEXT NOT NULL,
+    generation INTEGER NOT NULL,
+    run_id TEXT NOT NULL,
+    node_index INTEGER NOT NULL,
+    launch_id TEXT NOT NULL,
+    queue TEXT NOT NULL,
+    priority INTEGER NOT NULL,
+    -- The visibility time: a lease or a nack delay moves it forward.
+    available_at REAL NOT NULL,
+    lease_owner TEXT,
+    lease_expires_at REAL,
+    delivery_count INTEGER NOT NULL DEFAULT 0
+);
+CREATE INDEX dagwerk_deliveries_ready
+    ON dagwerk_deliveries (priority DESC, available_at, seq);
+CREATE INDEX dagwerk_deliveries_task ON dagwerk_deliveries (task_id);
+CREATE INDEX dagwerk_deliveries_run ON dagwerk_deliveries (run_id, seq);
+
+CREATE TABLE dagwerk_dead_letters (
+    seq INTEGER PRIMARY KEY,
+    dead_letter_id TEXT NOT NULL UNIQUE,
+    delivery_id TEXT NOT NULL,
+    task_id TEXT NOT NULL REFERENCES dagwerk_tasks (task_id),
+    attempt_id TEXT NOT NULL,
+    generation INTEGER NOT NULL,
+    run_id TEXT NOT NULL,
+    node_index INTEGER NOT NULL,
+    launch_id TEXT NOT NULL,
+    queue TEXT NOT NULL,
+    priority INTEGER NOT NULL,
+    delivery_count INTEGER NOT NULL,
+    reason TEXT NOT NULL,
+    dead_at REAL NOT NULL,
+    reinjected_attempt_id TEXT
+);
+CREATE INDEX dagwerk_dead_letters_run ON dagwerk_dead_letters (run_id, seq);

@@ -1,0 +1,260 @@
+"""The advancement actor: the only caller of a worker's processing step (AA-01..08).
+
+One thread runs the step, so at most one step is in flight however many
+observers wait for runs. Observers only watch: their aborts and deadlines
+remove them and never touch the run. A failing step is queue-wide: it is
+logged and backed off, and observers keep waiting. ``stop`` closes admission
+at once, settles pending observers and waits only for the step in flight.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from enum import StrEnum
+
+from dagwerk.constants import RunStatus
+from dagwerk.runtime.clock import Clock, SystemClock
+from dagwerk.runtime.errors import AdvancementWaitError, RunAdvancementStoppedError
+
+__all__ = ["ActorState", "AdvancementActor"]
+
+_LOG = logging.getLogger("dagwerk.runtime.actor")
+_TERMINAL = frozenset(
+    {RunStatus.COMPLETED, RunStatus.FAILED, RunStatus.CRASHED, RunStatus.CANCELLED}
+)
+
+
+class ActorState(StrEnum):
+    CREATED = "created"
+    RUNNING = "running"
+    STOPPING = "stopping"
+    STOPPED = "stopped"
+
+
+@dataclass(slots=True)
+class _Observer:
+    run_id: str
+    done: threading.Event = field(default_factory=threading.Event)
+    status: RunStatus | None = None
+    error: AdvancementWaitError | None = None
+
+    def settle(self, status: RunStatus | None, error: AdvancementWaitError | None) -> None:
+        if not self.done.is_set():
+            self.status, self.error = status, error
+            self.done.set()
+
+
+class AdvancementActor:
+    """Drives ``step`` (returns whether it processed anything) while there is demand.
+
+    ``read_status`` reads a run's durable status (``None``: missing). With
+    ``background=True`` the actor steps even without observers (a worker
+    serving a queue). Idle backoff starts at ``idle_backoff_min`` and doubles
+    up to ``idle_backoff_max``; a processed step resets it; a failed step backs
+    off ``error_backoff``. New demand wakes a sleeping actor.
+    """
+
+    def __init__(
+        self,
+        step: Callable[[], bool],
+        read_status: Callable[[str], RunStatus | None],
+        *,
+        clock: Clock | None = None,
+        background: bool = False,
+        idle_backoff_min: float = 0.025,
+        idle_backoff_max: float = 0.5,
+        error_backoff: float = 0.5,
+        logger: logging.Logger = _LOG,
+    ) -> None:
+        self._step = step
+        self._read_status = read_status
+        self._clock = clock or SystemClock()
+        self._background = background
+        self._idle_min, self._idle_max = idle_backoff_min, idle_backoff_max
+        self._error_backoff = error_backoff
+        self._log = logger
+        self._lock = threading.Lock()
+        self._wake = threading.Event()
+        self._observers: list[_Observer] = []
+        self._state = ActorState.CREATED
+        self._thread: threading.Thread | None = None
+        self._stopped = threading.Event()
+        self.steps_in_flight = 0
+        self.max_steps_in_flight = 0
+
+    @property
+    def state(self) -> ActorState:
+        return self._state
+
+    def start(self) -> None:
+        """Start the actor thread; a second start is a no-op; start after stop raises."""
+        with self._lock:
+            if self._state is ActorState.RUNNING:
+                return
+            if self._state is not ActorState.CREATED:
+                raise RunAdvancementStoppedError("the advancement actor was stopped")
+            self._state = ActorState.RUNNING
+            self._thread = threading.Thread(target=self._loop, name="dagwerk-actor", daemon=True)
+            self._thread.start()
+
+    def stop(self, timeout: float | None = None) -> None:
+        """Close admission, settle observers with ``runtime_advancement_stopped``,
+        wake any backoff and wait for the step in flight. Idempotent; persists nothing."""
+        with self._lock:
+            if self._state is ActorState.CREATED:
+                self._state = ActorState.STOPPED
+                self._stopped.set()
+            elif self._state is ActorState.RUNNING:
+                self._state = ActorState.STOPPING
+            observers, self._observers = self._observers, []
+        for observer in observers:
+            observer.settle(None, _stopped_error())
+        self._wake.set()
+        thread = self._thread
+        if thread is not None and thread is not threading.current_thread():
+            thread.join(timeout)
+
+    def wait_for_run(
+        self,
+        run_id: str,
+        timeout: float | None = None,
+        *,
+        abort: threading.Event | None = None,
+    ) -> RunStatus:
+        """Block until the run is terminal and return its status.
+
+        Raises :class:`AdvancementWaitError` with code
+        ``runtime_advancement_wait_aborted`` (``abort`` set),
+        ``runtime_advancement_wait_deadline`` (``timeout`` passed on the
+        actor's clock), ``runtime_advancement_stopped`` (actor stopping) or
+        ``runtime_advancement_query_throw`` (reading the run raised). None of
+        them cancels the run.
+        """
+        if abort is not None and abort.is_set():
+            raise AdvancementWaitError("wait aborted", code="runtime_advancement_wait_aborted")
+        if timeout is not None and timeout <= 0:
+            raise AdvancementWaitError("wait deadline", code="runtime_advancement_wait_deadline")
+        observer = _Observer(run_id)
+        with self._lock:
+            if self._state in (ActorState.STOPPING, ActorState.STOPPED):
+                raise _stopped_error()
+            self._observers.append(observer)
+        self._wake.set()
+        if abort is not None:
+            threading.Thread(target=self._relay_abort, args=(abort, observer), daemon=True).start()
+        deadline = None if timeout is None else self._clock.monotonic() + timeout
+        while not observer.done.is_set():
+            remaining = None if deadline is None else deadline - self._clock.monotonic()
+            if remaining is not None and remaining <= 0:
+                # The deadline ends this observer only; the run is untouched (AA-03).
+                self._remove(observer)
+                observer.settle(
+                    None,
+                    AdvancementWaitError("wait deadline", code="runtime_advancement_wait_deadline"),
+                )
+                break
+            self._clock.wait(observer.done, remaining)
+        if observer.error is not None:
+            raise observer.error
+        assert observer.status is not None
+        return observer.status
+
+    def _relay_abort(self, abort: threading.Event, observer: _Observer) -> None:
+        # Polls the caller's abort event until the observer settles either way.
+        while not observer.done.is_set():
+            if abort.wait(0.01):
+                self._remove(observer)
+                observer.settle(
+                    None,
+                    AdvancementWaitError("wait aborted", code="runtime_advancement_wait_aborted"),
+                )
+                return
+
+    def notify(self) -> None:
+        """New demand (e.g. work was enqueued): wake a sleeping actor."""
+        self._wake.set()
+
+    def _remove(self, observer: _Observer) -> None:
+        with self._lock:
+            if observer in self._observers:
+                self._observers.remove(observer)
+
+    def _settle_observers(self) -> None:
+        with self._lock:
+            observers = list(self._observers)
+        by_run: dict[str, list[_Observer]] = {}
+        for observer in observers:
+            by_run.setdefault(observer.run_id, []).append(observer)
+        for run_id, group in by_run.items():
+            try:
+                status = self._read_status(run_id)
+            except Exception as exc:  # a query failure settles only this run's observers
+                error = AdvancementWaitError(
+                    f"reading run {run_id!r} failed: {exc}",
+                    code="runtime_advancement_query_throw",
+                )
+                for observer in group:
+                    self._remove(observer)
+                    observer.settle(None, error)
+                continue
+            if status is None:
+                for observer in group:
+                    self._remove(observer)
+                    observer.settle(
+                        None,
+                        AdvancementWaitError(
+                            f"run {run_id!r} does not exist",
+                            code="runtime_advancement_run_missing",
+                        ),
+                    )
+            elif status in _TERMINAL:
+                for observer in group:
+                    self._remove(observer)
+                    observer.settle(status, None)
+
+    def _has_demand(self) -> bool:
+        with self._lock:
+            return self._background or bool(self._observers)
+
+    def _loop(self) -> None:
+        backoff = self._idle_min
+        try:
+            while self._state is ActorState.RUNNING:
+                self._settle_observers()
+                if self._state is not ActorState.RUNNING:
+                    break
+                if not self._has_demand():
+                    self._wake.clear()
+                    self._clock.wait(self._wake, None)
+                    continue
+                self.steps_in_flight += 1
+                self.max_steps_in_flight = max(self.max_steps_in_flight, self.steps_in_flight)
+                try:
+                    processed = self._step()
+                except Exception:
+                    self._log.exception("Worker step threw during run advancement.")
+                    processed, delay = False, self._error_backoff
+                else:
+                    delay = backoff
+                finally:
+                    self.steps_in_flight -= 1
+                if processed:
+                    backoff = self._idle_min
+                    continue
+                self._settle_observers()
+                self._wake.clear()
+                self._clock.wait(self._wake, delay)
+                backoff = min(backoff * 2, self._idle_max)
+        finally:
+            with self._lock:
+                self._state = ActorState.STOPPED
+            self._stopped.set()
+
+
+def _stopped_error() -> AdvancementWaitError:
+    return AdvancementWaitError(
+        "the advancement actor is stopping", code="runtime_advancement_stopped"
+    )

@@ -1,0 +1,77 @@
+"""The context a plugin receives next to its inputs."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from types import MappingProxyType
+from typing import Protocol
+
+from dagwerk.runtime.errors import TaskCancelled, WaitRequested
+from dagwerk.store import validate_wait_id
+
+__all__ = ["AbortSignal", "TaskContext"]
+
+
+class AbortSignal(Protocol):
+    """What ``ctx.cancelled`` offers: ``threading.Event`` in threads,
+    ``multiprocessing.Event`` in a child process."""
+
+    def is_set(self) -> bool: ...
+    def set(self) -> None: ...
+    def wait(self, timeout: float | None = None) -> bool: ...
+
+
+def _no_heartbeat() -> None:
+    return None
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class TaskContext:
+    """Where an attempt runs and how it talks back to its worker.
+
+    ``attempt`` is the 1-based attempt number the worker knows of;
+    ``resumed_from_wait_id`` names the wait this attempt's lineage resumed
+    from (load the application's checkpoint under it). ``cancelled`` is set
+    when the run is cancelled, the attempt times out or the worker stops;
+    a cooperative plugin checks it (``check_cancelled()``) between steps.
+    ``execution_root`` is the worker's validated, absolute execution
+    directory, never the process's current directory.
+    """
+
+    run_id: str
+    task_id: str
+    node_index: int
+    generation: int
+    attempt_id: str
+    attempt: int
+    plugin: str
+    execution_root: Path
+    cancelled: AbortSignal
+    resumed_from_wait_id: str | None = None
+    secrets: Mapping[str, str] = field(default_factory=lambda: MappingProxyType({}))
+    logger: logging.Logger | logging.LoggerAdapter[logging.Logger] = field(
+        default_factory=lambda: logging.getLogger("dagwerk.task")
+    )
+    heartbeat_fn: Callable[[], None] = _no_heartbeat
+
+    def check_cancelled(self) -> None:
+        """Raise :class:`TaskCancelled` if the abort signal has fired."""
+        if self.cancelled.is_set():
+            raise TaskCancelled(f"task {self.task_id!r} attempt {self.attempt_id!r} was aborted")
+
+    def heartbeat(self) -> None:
+        """Tell the worker the attempt is alive; the worker extends its lease."""
+        self.heartbeat_fn()
+
+    def wait(self, wait_id: str) -> None:
+        """Release the worker and park the task in WAITING under ``wait_id``.
+
+        Never returns: it raises :class:`WaitRequested`, which the worker
+        commits as a wait. The application resumes the task later with
+        ``resume_task``; the new attempt sees ``resumed_from_wait_id``.
+        """
+        validate_wait_id(wait_id)
+        raise WaitRequested(wait_id)

@@ -1,0 +1,200 @@
+"""The advancement actor (AA-01..07)."""
+
+from __future__ import annotations
+
+import logging
+import threading
+
+import pytest
+
+from dagwerk.constants import RunStatus
+from dagwerk.runtime.actor import ActorState, AdvancementActor
+from dagwerk.runtime.clock import FakeClock
+from dagwerk.runtime.errors import AdvancementWaitError, RunAdvancementStoppedError
+
+
+class FakeRuns:
+    """Run statuses plus a step that finishes one run per call when asked."""
+
+    def __init__(self) -> None:
+        self.status: dict[str, RunStatus] = {}
+        self.steps = 0
+        self.active = 0
+        self.max_active = 0
+        self.lock = threading.Lock()
+        self.to_finish: list[str] = []
+
+    def read(self, run_id: str) -> RunStatus | None:
+        return self.status.get(run_id)
+
+    def step(self) -> bool:
+        with self.lock:
+            self.active += 1
+            self.max_active = max(self.max_active, self.active)
+            self.steps += 1
+        try:
+            if self.to_finish:
+                self.status[self.to_finish.pop(0)] = RunStatus.COMPLETED
+                return True
+            return False
+        finally:
+            with self.lock:
+                self.active -= 1
+
+
+def _waiter(
+    actor: AdvancementActor, run_id: str, results: list[object], **kw: object
+) -> threading.Thread:
+    def body() -> None:
+        try:
+            results.append(actor.wait_for_run(run_id, **kw))  # type: ignore[arg-type]
+        except AdvancementWaitError as exc:
+            results.append(exc.code)
+
+    thread = threading.Thread(target=body)
+    thread.start()
+    return thread
+
+
+def test_aa_01_many_observers_share_one_step_in_flight() -> None:
+    runs = FakeRuns()
+    ids = [f"r{i}" for i in range(8)]
+    for run_id in ids:
+        runs.status[run_id] = RunStatus.RUNNING
+    runs.to_finish = list(ids)
+    actor = AdvancementActor(runs.step, runs.read, background=True)
+    results: list[object] = []
+    threads = [_waiter(actor, run_id, results, timeout=30) for run_id in ids for _ in range(3)]
+    actor.start()
+    for thread in threads:
+        thread.join(30)
+    actor.stop()
+    assert results == [RunStatus.COMPLETED] * 24
+    assert runs.max_active == 1 and actor.max_steps_in_flight == 1
+
+
+def test_aa_02_terminal_run_is_returned_without_a_step() -> None:
+    runs = FakeRuns()
+    runs.status["done"] = RunStatus.FAILED
+    actor = AdvancementActor(runs.step, runs.read)
+    actor.start()
+    assert actor.wait_for_run("done", timeout=30) is RunStatus.FAILED
+    actor.stop()
+    assert runs.steps == 0
+
+
+def test_aa_03_abort_and_deadline_settle_only_that_observer() -> None:
+    runs = FakeRuns()
+    runs.status["r"] = RunStatus.RUNNING
+    clock = FakeClock()
+    actor = AdvancementActor(runs.step, runs.read, clock=clock, idle_backoff_max=1000)
+    actor.start()
+    abort = threading.Event()
+    aborted: list[object] = []
+    deadlined: list[object] = []
+    patient: list[object] = []
+    t1 = _waiter(actor, "r", aborted, abort=abort)
+    t2 = _waiter(actor, "r", deadlined, timeout=5.0)
+    t3 = _waiter(actor, "r", patient)
+    abort.set()
+    t1.join(30)
+    assert aborted == ["runtime_advancement_wait_aborted"]
+    assert clock.wait_for_waiters(3)  # the actor's backoff and two observers
+    clock.advance(5.0)
+    t2.join(30)
+    assert deadlined == ["runtime_advancement_wait_deadline"]
+    assert runs.status["r"] is RunStatus.RUNNING  # no observer cancelled the run
+    runs.status["r"] = RunStatus.COMPLETED
+    actor.notify()
+    clock.advance(1000)
+    t3.join(30)
+    assert patient == [RunStatus.COMPLETED]
+    actor.stop()
+    # Already aborted or already past the deadline settles at once.
+    fresh = AdvancementActor(runs.step, runs.read, clock=clock)
+    pre = threading.Event()
+    pre.set()
+    with pytest.raises(AdvancementWaitError) as info:
+        fresh.wait_for_run("r", abort=pre)
+    assert info.value.code == "runtime_advancement_wait_aborted"
+    with pytest.raises(AdvancementWaitError) as info:
+        fresh.wait_for_run("r", timeout=0)
+    assert info.value.code == "runtime_advancement_wait_deadline"
+
+
+def test_aa_04_a_throwing_query_settles_only_that_runs_observers() -> None:
+    runs = FakeRuns()
+    runs.status["ok"] = RunStatus.RUNNING
+
+    def read(run_id: str) -> RunStatus | None:
+        if run_id == "broken":
+            raise OSError("disk gone")
+        return runs.read(run_id)
+
+    actor = AdvancementActor(runs.step, read, background=True)
+    broken: list[object] = []
+    fine: list[object] = []
+    t1 = _waiter(actor, "broken", broken, timeout=30)
+    t2 = _waiter(actor, "ok", fine, timeout=30)
+    actor.start()
+    t1.join(30)
+    assert broken == ["runtime_advancement_query_throw"]
+    runs.to_finish.append("ok")
+    t2.join(30)
+    actor.stop()
+    assert fine == [RunStatus.COMPLETED]
+
+
+def test_aa_05_a_throwing_step_is_logged_and_retried(caplog: pytest.LogCaptureFixture) -> None:
+    runs = FakeRuns()
+    runs.status["r"] = RunStatus.RUNNING
+    calls: list[int] = []
+
+    def step() -> bool:
+        calls.append(1)
+        if len(calls) < 3:
+            raise RuntimeError("queue down")
+        return runs.step() if runs.to_finish else (runs.to_finish.append("r") or True)
+
+    actor = AdvancementActor(step, runs.read, error_backoff=0.001)
+    with caplog.at_level(logging.ERROR, logger="dagwerk.runtime.actor"):
+        actor.start()
+        assert actor.wait_for_run("r", timeout=30) is RunStatus.COMPLETED
+        actor.stop()
+    assert len(calls) >= 3
+    assert "Worker step threw during run advancement." in caplog.text
+
+
+def test_aa_07_lifecycle_is_terminal_and_stop_waits_only_for_the_step_in_flight() -> None:
+    runs = FakeRuns()
+    runs.status["r"] = RunStatus.RUNNING
+    in_step = threading.Event()
+    release = threading.Event()
+
+    def step() -> bool:
+        in_step.set()
+        release.wait(30)
+        return False
+
+    actor = AdvancementActor(step, runs.read, background=True)
+    actor.start()
+    actor.start()
+    assert actor.state is ActorState.RUNNING
+    waiting: list[object] = []
+    waiter = _waiter(actor, "r", waiting)
+    assert in_step.wait(30)
+    stopper = threading.Thread(target=actor.stop)
+    stopper.start()
+    waiter.join(30)
+    # Observers are settled at once, while the step is still in flight.
+    assert waiting == ["runtime_advancement_stopped"]
+    assert stopper.is_alive()
+    with pytest.raises(AdvancementWaitError):
+        actor.wait_for_run("r")
+    release.set()
+    stopper.join(30)
+    assert actor.state is ActorState.STOPPED
+    actor.stop()  # idempotent
+    with pytest.raises(RunAdvancementStoppedError):
+        actor.start()
+    assert runs.status["r"] is RunStatus.RUNNING  # stop persisted nothing
