@@ -159,9 +159,10 @@ def test_read_only_store_reads_and_refuses_writes(tmp_path: Path) -> None:
 def test_full_database_is_store_full_and_writes_nothing(tmp_path: Path) -> None:
     path = tmp_path / "full.db"
     with SqliteStore(path) as store:
-        log = new_run(store, [root("r"), root("b")])
-        del log
-        pages = sqlite3.connect(path).execute("PRAGMA page_count").fetchone()[0]
+        new_run(store, [root("r"), root("b")])
+        conn = sqlite3.connect(path)
+        pages = conn.execute("PRAGMA page_count").fetchone()[0]
+        conn.close()
     big = tuple(emit(*(f"o{i}" for i in range(3_000)), pad="x" * 200))
     with SqliteStore(path, max_page_count=pages + 8) as store:
         top = only_task(store, "run-1", 0)

@@ -1,0 +1,50 @@
+"""The batteries: :class:`Engine` opens a store from a URL, registers plugins,
+submits and runs pipelines, and builds workers.
+
+>>> with Engine("memory://") as engine:  # doctest: +SKIP
+...     result = engine.run(nodes, input={"titles": ["a"]})
+"""
+
+from __future__ import annotations
+
+from ._engine import (
+    Engine,
+    EngineError,
+    ResumeRejectedError,
+    RunExistsError,
+    RunWaitTimeoutError,
+    UnknownNodeError,
+    UnsupportedOperationError,
+    new_run_id,
+)
+from ._plugins import (
+    DEFAULT_REGISTRY,
+    EngineRegistry,
+    PluginImportError,
+    import_plugin_modules,
+    plugin,
+)
+from ._results import RunNotFoundError, RunProgress, RunResult
+from ._urls import DEFAULT_URL, BackendUnavailableError, open_store
+
+__all__ = [
+    "DEFAULT_REGISTRY",
+    "DEFAULT_URL",
+    "BackendUnavailableError",
+    "Engine",
+    "EngineError",
+    "EngineRegistry",
+    "PluginImportError",
+    "ResumeRejectedError",
+    "RunExistsError",
+    "RunNotFoundError",
+    "RunProgress",
+    "RunResult",
+    "RunWaitTimeoutError",
+    "UnknownNodeError",
+    "UnsupportedOperationError",
+    "import_plugin_modules",
+    "new_run_id",
+    "open_store",
+    "plugin",
+]

@@ -1,0 +1,443 @@
+"""The :class:`Engine` facade: one store, its plugins and its workers.
+
+An engine is an explicit object (no global runtime): it opens a store from a
+URL, keeps a plugin registry and builds workers bound to both. Everything it
+does goes through the public orchestration functions (``start_run``,
+``cancel_run``, ``retry_run``, ``resume_task``), so a run submitted here can
+be worked, inspected and changed by any other process that opens the same
+database.
+"""
+
+from __future__ import annotations
+
+import inspect
+import threading
+import time
+import uuid
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from pathlib import Path
+from types import TracebackType
+from typing import Any
+
+from dagwerk.constants import RUN_TERMINAL_STATUSES, FailurePolicy, RunStatus
+from dagwerk.errors import DagwerkError
+from dagwerk.json import thaw_json
+from dagwerk.models import DagNode
+from dagwerk.orchestrator import OrchestratorCallbacks, cancel_run, reconcile_run, start_run
+from dagwerk.pipelines.loader import Pipeline
+from dagwerk.retry import RunRetryResult, retry_run
+from dagwerk.runtime.plugins import PluginFn
+from dagwerk.runtime.retry_policy import RetryPolicy
+from dagwerk.runtime.worker import Worker
+from dagwerk.store import DeadLetter, RunRecord, TaskRecord, TaskResumeResult
+from dagwerk.waiting import resume_task
+
+from ._plugins import EngineRegistry, import_plugin_modules
+from ._results import RunNotFoundError, RunProgress, RunResult, read_progress, read_result
+from ._urls import DEFAULT_URL, open_store
+
+__all__ = [
+    "Engine",
+    "EngineError",
+    "ResumeRejectedError",
+    "RunExistsError",
+    "RunWaitTimeoutError",
+    "UnknownNodeError",
+    "UnsupportedOperationError",
+]
+
+ProgressCallback = Callable[[RunProgress], None]
+
+
+class EngineError(DagwerkError):
+    """Root of the engine facade's own errors."""
+
+    code = "engine_error"
+
+
+class RunExistsError(EngineError, ValueError):
+    """``submit`` was given a run ID that already exists."""
+
+    code = "run_exists"
+
+
+class UnknownNodeError(EngineError, ValueError):
+    """A node slug does not name a node of the run."""
+
+    code = "node_unknown"
+
+
+class RunWaitTimeoutError(EngineError, TimeoutError):
+    """The run did not reach a terminal state in time; it is left as it is."""
+
+    code = "run_wait_timeout"
+
+
+class ResumeRejectedError(EngineError, RuntimeError):
+    """The task cannot be resumed under that wait ID (nothing changed)."""
+
+    code = "resume_rejected"
+
+
+class UnsupportedOperationError(EngineError, RuntimeError):
+    """The engine's store does not implement the operation."""
+
+    code = "store_operation_unsupported"
+
+
+def _ignore(run_id: str) -> None:
+    return None
+
+
+# Terminal transitions are observed by reading the store, so the engine needs
+# no callbacks; they would only fire in the process that committed them.
+_CALLBACKS = OrchestratorCallbacks(_ignore, _ignore, _ignore, _ignore)
+
+
+def new_run_id() -> str:
+    """A fresh run ID: ``run-`` and 16 hex digits."""
+    return f"run-{uuid.uuid4().hex[:16]}"
+
+
+class Engine:
+    """A store opened from ``url``, a plugin registry, and workers bound to both.
+
+    ``url`` is ``sqlite:///path.db`` (``None``: ``sqlite:///dagwerk.db`` in the
+    current directory), ``memory://`` or ``postgresql://...``; ``store_options``
+    go to the store (``limits``, ``max_deliveries``, ...). ``execution_root``
+    is where plugins run (default: the current directory, made absolute);
+    ``poll_interval`` is how often ``wait`` reads the run and how long an idle
+    in-process worker sleeps at most.
+    """
+
+    def __init__(
+        self,
+        url: str | None = None,
+        *,
+        execution_root: str | Path | None = None,
+        poll_interval: float = 0.05,
+        **store_options: Any,
+    ) -> None:
+        self.url = url if url is not None else DEFAULT_URL
+        self.execution_root = Path(execution_root or Path.cwd()).resolve()
+        self.poll_interval = poll_interval
+        self.plugins = EngineRegistry()
+        # The store implements several protocols at once (DagStore, DagWaitStore,
+        # DagRetryStore, DagRunStore, OutputResolver, DagQueueStore); Python has
+        # no intersection type, hence Any.
+        self._store: Any = open_store(self.url, **store_options)
+        self._workers: list[Worker] = []
+        self._closed = False
+
+    # --- resources ---------------------------------------------------------------
+
+    @property
+    def store(self) -> Any:
+        """The backend store; the low-level API (``claim_task(engine.store, ...)``) works on it."""
+        return self._store
+
+    def close(self) -> None:
+        """Stop the workers this engine built and close the store. Idempotent."""
+        if self._closed:
+            return
+        self._closed = True
+        for worker in self._workers:
+            worker.stop()
+        self._workers.clear()
+        close = getattr(self._store, "close", None)
+        if callable(close):
+            close()
+
+    def __enter__(self) -> Engine:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        return f"Engine({self.url!r})"
+
+    # --- plugins -----------------------------------------------------------------
+
+    def plugin(
+        self,
+        name: str,
+        *,
+        retry: RetryPolicy | None = None,
+        timeout_seconds: float | None = None,
+    ) -> Callable[[PluginFn], PluginFn]:
+        """Decorator: register the function as plugin ``name`` on this engine."""
+        return self.plugins.plugin(name, retry=retry, timeout_seconds=timeout_seconds)
+
+    def load_plugins(self, modules: Iterable[str], *, base_dir: str | Path | None = None) -> None:
+        """Import plugin modules (dotted names or ``.py`` files); see
+        :func:`~dagwerk.engine.import_plugin_modules`."""
+        import_plugin_modules(modules, base_dir=base_dir)
+
+    # --- runs --------------------------------------------------------------------
+
+    def submit(
+        self,
+        nodes: Sequence[DagNode] | Pipeline,
+        input: Mapping[str, object] | None = None,
+        run_id: str | None = None,
+        failure_policy: FailurePolicy | str | None = None,
+    ) -> str:
+        """Store and start a run; returns its ID. Workers (here or elsewhere) do the work.
+
+        For a :class:`~dagwerk.pipelines.loader.Pipeline`, ``input`` is laid
+        over the pipeline's ``defaults`` and ``failure_policy`` defaults to the
+        pipeline's; otherwise to ``fail_fast``. An existing ``run_id`` raises
+        :class:`RunExistsError`; invalid nodes or input raise ``ValueError``
+        before anything is written.
+        """
+        run_input: dict[str, object] = {}
+        if isinstance(nodes, Pipeline):
+            defaults = thaw_json(nodes.defaults)
+            assert isinstance(defaults, dict)
+            run_input.update(defaults)
+            policy = failure_policy if failure_policy is not None else nodes.failure_policy
+            node_list = list(nodes.nodes)
+        else:
+            policy = failure_policy if failure_policy is not None else FailurePolicy.FAIL_FAST
+            node_list = list(nodes)
+        if input is not None:
+            if not isinstance(input, Mapping):
+                raise EngineError("run input must be a JSON object", code="run_input_invalid")
+            run_input.update(input)
+        run_id = run_id if run_id is not None else new_run_id()
+        if not self._store.create_run(
+            run_id, node_list, run_input=run_input, failure_policy=policy
+        ):
+            raise RunExistsError(f"run {run_id!r} already exists", field="run_id")
+        start_run(self._store, run_id, callbacks=_CALLBACKS)
+        return run_id
+
+    def wait(
+        self,
+        run_id: str,
+        timeout: float | None = None,
+        *,
+        on_progress: ProgressCallback | None = None,
+    ) -> RunResult:
+        """Block until the run is terminal and return its result.
+
+        Needs workers running somewhere. ``on_progress`` receives a
+        :class:`RunProgress` at every poll. Past ``timeout`` seconds it raises
+        :class:`RunWaitTimeoutError`; the run itself is never touched.
+        """
+        deadline = None if timeout is None else time.monotonic() + timeout
+        pause = threading.Event()
+        while True:
+            if on_progress is not None:
+                progress = self.progress(run_id)
+                on_progress(progress)
+                status = progress.status
+            else:
+                found = self._store.get_run_status(run_id)
+                if found is None:
+                    raise RunNotFoundError(f"run {run_id!r} does not exist", field="run_id")
+                status = found
+            if status in RUN_TERMINAL_STATUSES:
+                return self.result(run_id)
+            if deadline is not None and time.monotonic() >= deadline:
+                raise RunWaitTimeoutError(
+                    f"run {run_id!r} is still {status.value} after {timeout}s",
+                    field="timeout",
+                )
+            pause.wait(self.poll_interval)
+
+    def run(
+        self,
+        nodes: Sequence[DagNode] | Pipeline,
+        input: Mapping[str, object] | None = None,
+        *,
+        workers: int = 2,
+        timeout: float | None = None,
+        run_id: str | None = None,
+        failure_policy: FailurePolicy | str | None = None,
+        executor: str = "thread",
+        on_progress: ProgressCallback | None = None,
+    ) -> RunResult:
+        """Submit the run and work it in this process until it is terminal.
+
+        A worker with ``workers`` slots serves the whole queue while the run
+        lasts and stops afterwards (other runs' tasks it picked up are
+        released for other workers). A pipeline's ``plugins`` modules are
+        imported first. Raises :class:`RunWaitTimeoutError` after ``timeout``
+        seconds, leaving the run as it is.
+        """
+        if isinstance(nodes, Pipeline):
+            self.load_plugins(nodes.plugins, base_dir=Path(nodes.source).parent)
+        run_id = self.submit(nodes, input, run_id=run_id, failure_policy=failure_policy)
+        worker = self.worker(concurrency=workers, executor=executor)
+        worker.start()
+        try:
+            return self.wait(run_id, timeout, on_progress=on_progress)
+        finally:
+            worker.stop()
+            self._workers.remove(worker)
+
+    def cancel(self, run_id: str, reason: str | None = None) -> bool:
+        """Cancel a PENDING or RUNNING run; whether this call cancelled it."""
+        self._require_run(run_id)
+        return cancel_run(self._store, run_id, callbacks=_CALLBACKS, reason=reason)
+
+    def retry(self, run_id: str, boundary: Sequence[str] | None = None) -> RunRetryResult:
+        """Reopen a FAILED, CRASHED or CANCELLED run and queue the affected work.
+
+        ``boundary`` (node slugs) asserts which failed nodes to retry from;
+        the store derives the affected nodes and their descendants. Raises
+        :class:`~dagwerk.retry.RetryRejectedError` when the run cannot retry.
+        """
+        indices = None if boundary is None else self._indices(run_id, boundary)
+        result = retry_run(self._store, run_id, indices)
+        reconcile_run(self._store, run_id, callbacks=_CALLBACKS)
+        return result
+
+    def rerun(self, run_id: str, nodes: Sequence[str]) -> object:
+        """Run the named nodes and all their descendants again as a new
+        generation, also for a COMPLETED run; returns the store's reopen result."""
+        indices = self._indices(run_id, nodes)
+        from dagwerk import retry as retry_module
+
+        rerun_nodes = getattr(retry_module, "rerun_nodes", None)
+        if rerun_nodes is None:
+            if not hasattr(self._store, "try_rerun_nodes"):
+                raise UnsupportedOperationError(
+                    "this store cannot re-run nodes yet (try_rerun_nodes is missing)"
+                )
+            result = self._store.try_rerun_nodes(run_id, tuple(sorted(set(indices))))
+            if result is None:
+                raise EngineError(f"run {run_id!r} cannot be re-run", code="rerun_rejected")
+        else:
+            result = rerun_nodes(self._store, run_id, indices)
+        reconcile_run(self._store, run_id, callbacks=_CALLBACKS)
+        return result
+
+    def resume(self, task_id: str, wait_id: str, response: object = None) -> TaskResumeResult:
+        """Resolve the task's wait ``wait_id``; a new attempt is queued for any worker.
+
+        ``response`` (JSON) is stored with the wait for the resumed attempt to
+        read. Raises :class:`ResumeRejectedError` when the task is not waiting
+        under ``wait_id`` (an exact repeat returns the first result).
+        """
+        task = self._store.get_task(task_id)
+        if task is None:
+            raise ResumeRejectedError(f"task {task_id!r} does not exist", field="task_id")
+        options: dict[str, object] = {}
+        if response is not None:
+            if "response" not in inspect.signature(resume_task).parameters:
+                raise UnsupportedOperationError(
+                    "this dagwerk cannot store a resume response yet; resume without one"
+                )
+            options["response"] = response
+        result = resume_task(
+            self._store,
+            task_id,
+            wait_id,
+            expected_attempt_id=task.attempt_id,
+            expected_generation=task.generation,
+            **options,
+        )
+        if result is None:
+            waiting = f" (waiting on {task.active_wait_id!r})" if task.active_wait_id else ""
+            raise ResumeRejectedError(
+                f"task {task_id!r} cannot be resumed under {wait_id!r}: "
+                f"it is {task.status.value}{waiting}",
+                field="wait_id",
+            )
+        return result
+
+    # --- workers -----------------------------------------------------------------
+
+    def worker(self, concurrency: int = 4, executor: str = "thread", **options: Any) -> Worker:
+        """A :class:`~dagwerk.runtime.worker.Worker` on this engine's store and
+        plugins (not started). ``options`` go to ``Worker`` (``lease_seconds``,
+        ``default_timeout``, ``worker_id``, ...). ``close`` stops it."""
+        options.setdefault("execution_root", self.execution_root)
+        options.setdefault("poll_interval", max(self.poll_interval, 0.05))
+        worker = Worker(
+            self._store, self.plugins, concurrency=concurrency, executor=executor, **options
+        )
+        self._workers.append(worker)
+        return worker
+
+    # --- inspection --------------------------------------------------------------
+
+    def get_run(self, run_id: str) -> RunRecord | None:
+        """The run's record, or ``None``."""
+        record: RunRecord | None = self._store.get_run(run_id)
+        return record
+
+    def result(self, run_id: str) -> RunResult:
+        """The run's status, error and published outputs, whatever its state."""
+        return read_result(self._store, run_id)
+
+    def progress(self, run_id: str) -> RunProgress:
+        """Node and task counts of the run's active generation."""
+        return read_progress(self._store, run_id)
+
+    def nodes(self, run_id: str) -> list[DagNode]:
+        """The node definitions stored with the run."""
+        nodes: list[DagNode] | None = self._store.get_run_nodes(run_id)
+        if nodes is None:
+            raise RunNotFoundError(f"run {run_id!r} does not exist", field="run_id")
+        return nodes
+
+    def list_runs(self, status: RunStatus | str | None = None, limit: int = 50) -> list[RunRecord]:
+        """Runs, newest first, optionally only those with ``status``."""
+        list_runs = getattr(self._store, "list_runs", None)
+        if list_runs is None:
+            raise UnsupportedOperationError("this store cannot list runs yet")
+        wanted = RunStatus(status) if status is not None else None
+        runs: list[RunRecord] = list_runs(status=wanted, limit=limit)
+        return runs
+
+    def list_tasks(self, run_id: str, *, include_invalidated: bool = False) -> list[TaskRecord]:
+        """The run's tasks in creation order (active generation unless asked)."""
+        self._require_run(run_id)
+        tasks: list[TaskRecord] = self._store.list_tasks(
+            run_id, include_invalidated=include_invalidated
+        )
+        return tasks
+
+    def list_attempts(self, task_id: str) -> list[Any]:
+        """The task's attempts, oldest first (needs a store with ``list_attempts``)."""
+        list_attempts = getattr(self._store, "list_attempts", None)
+        if list_attempts is None:
+            raise UnsupportedOperationError("this store cannot list attempts yet")
+        return list(list_attempts(task_id))
+
+    def list_dead_letters(self, run_id: str | None = None) -> list[DeadLetter]:
+        """Dead letters in the order they were parked (re-injected ones included)."""
+        letters: list[DeadLetter] = self._store.list_dead_letters(run_id)
+        return letters
+
+    def reinject(self, dead_letter_id: str) -> str | None:
+        """Give a dead letter's task a fresh attempt; the new attempt ID or ``None``."""
+        attempt: str | None = self._store.reinject_dead_letter(dead_letter_id)
+        return attempt
+
+    # --- helpers -----------------------------------------------------------------
+
+    def _require_run(self, run_id: str) -> None:
+        if self._store.get_run_status(run_id) is None:
+            raise RunNotFoundError(f"run {run_id!r} does not exist", field="run_id")
+
+    def _indices(self, run_id: str, slugs: Sequence[str]) -> list[int]:
+        if isinstance(slugs, str):
+            slugs = [slugs]
+        by_slug = {node.slug: index for index, node in enumerate(self.nodes(run_id))}
+        unknown = [slug for slug in slugs if slug not in by_slug]
+        if unknown:
+            raise UnknownNodeError(
+                f"run {run_id!r} has no node {unknown[0]!r} (nodes: {', '.join(by_slug)})",
+                field="nodes",
+            )
+        return [by_slug[slug] for slug in slugs]

@@ -1,0 +1,156 @@
+"""Where an engine finds plugins: its own registry, the module-level default
+registry, then an import path (``package.module:function``).
+
+``@dagwerk.plugin("name")`` registers into the default registry, so a plugin
+module only needs importing (``plugins:`` in a pipeline file, ``--plugins``
+on the command line) for every engine and worker in the process to see it.
+"""
+
+from __future__ import annotations
+
+import importlib
+import re
+import sys
+from collections.abc import Callable, Iterable
+from pathlib import Path
+from typing import Final
+
+from dagwerk.errors import DagwerkError
+from dagwerk.runtime.errors import UnknownPluginError
+from dagwerk.runtime.plugins import PluginFn, PluginRegistry, PluginSpec
+from dagwerk.runtime.retry_policy import RetryPolicy
+
+__all__ = [
+    "DEFAULT_REGISTRY",
+    "EngineRegistry",
+    "PluginImportError",
+    "import_plugin_modules",
+    "plugin",
+]
+
+DEFAULT_REGISTRY: Final = PluginRegistry()
+"""The registry that ``@dagwerk.plugin`` fills; every engine falls back to it."""
+
+# A dotted module path and a function name: ``package.module:function``.
+_IMPORT_PATH: Final = re.compile(r"^[A-Za-z_]\w*(?:\.[A-Za-z_]\w*)*:[A-Za-z_]\w*$")
+_MODULE_NAME: Final = re.compile(r"^[A-Za-z_]\w*(?:\.[A-Za-z_]\w*)*$")
+
+
+class PluginImportError(DagwerkError, ValueError):
+    """A plugin module or import path cannot be imported."""
+
+    code = "plugin_import_failed"
+
+
+def plugin(
+    name: str,
+    *,
+    retry: RetryPolicy | None = None,
+    timeout_seconds: float | None = None,
+) -> Callable[[PluginFn], PluginFn]:
+    """Register the decorated function as plugin ``name`` in the default registry.
+
+    The function is returned unchanged, so it stays callable (and picklable
+    by reference for the process executor).
+    """
+    return DEFAULT_REGISTRY.plugin(name, retry=retry, timeout_seconds=timeout_seconds)
+
+
+def _spec_for_function(name: str, fn: PluginFn) -> PluginSpec:
+    # A function registered with @dagwerk.plugin keeps its retry settings when
+    # a node names it by import path.
+    for registered in DEFAULT_REGISTRY:
+        spec = DEFAULT_REGISTRY.get(registered)
+        if spec.fn is fn:
+            return PluginSpec(name, fn, spec.retry, spec.timeout_seconds)
+    return PluginSpec(name, fn, RetryPolicy())
+
+
+def _import_function(path: str) -> PluginFn:
+    module_name, _, attribute = path.partition(":")
+    try:
+        module = importlib.import_module(module_name)
+    except ImportError as error:
+        raise PluginImportError(
+            f"plugin {path!r}: cannot import module {module_name!r}: {error}", field="plugin"
+        ) from error
+    fn = getattr(module, attribute, None)
+    if fn is None or not callable(fn):
+        raise UnknownPluginError(
+            f"plugin {path!r}: module {module_name!r} has no function {attribute!r}",
+            field="plugin",
+        )
+    result: PluginFn = fn
+    return result
+
+
+class EngineRegistry(PluginRegistry):
+    """A registry that falls back to :data:`DEFAULT_REGISTRY`, then to import paths.
+
+    Lookup order for a node's plugin name: this registry, the default
+    registry, then ``package.module:function`` (the module is imported; only
+    dotted module names are accepted, never file paths).
+    """
+
+    def get(self, name: str) -> PluginSpec:
+        if super().__contains__(name):
+            return super().get(name)
+        if name in DEFAULT_REGISTRY:
+            return DEFAULT_REGISTRY.get(name)
+        if isinstance(name, str) and _IMPORT_PATH.match(name):
+            spec = _spec_for_function(name, _import_function(name))
+            return self.register(
+                name, spec.fn, retry=spec.retry, timeout_seconds=spec.timeout_seconds
+            )
+        raise UnknownPluginError(
+            f"no plugin is registered as {name!r}; import the module that registers it "
+            "(pipeline 'plugins:' or --plugins) or name it as 'package.module:function'",
+            field="plugin",
+        )
+
+    def __contains__(self, name: object) -> bool:
+        return super().__contains__(name) or name in DEFAULT_REGISTRY
+
+
+def _add_to_path(directory: Path) -> None:
+    entry = str(directory.resolve())
+    if entry not in sys.path:
+        # Appended, not prepended: a local file never shadows an installed module.
+        sys.path.append(entry)
+
+
+def import_plugin_modules(modules: Iterable[str], *, base_dir: str | Path | None = None) -> None:
+    """Import plugin modules so that their ``@dagwerk.plugin`` registrations run.
+
+    Each entry is a dotted module name or a path to a ``.py`` file. A file's
+    directory is added to ``sys.path`` and the file imported by its stem, so
+    worker processes started by the process executor can import it too.
+    ``base_dir`` (a pipeline file's directory) resolves relative file paths
+    and is searched for module names.
+    """
+    base = Path(base_dir) if base_dir is not None else None
+    for entry in modules:
+        if not isinstance(entry, str) or not entry:
+            raise PluginImportError("plugin module names must be non-empty strings")
+        if entry.endswith(".py") or "/" in entry or "\\" in entry:
+            file = Path(entry)
+            if not file.is_absolute() and base is not None and not file.exists():
+                file = base / file
+            if not file.is_file():
+                raise PluginImportError(f"plugin file {entry!r} does not exist", field="plugins")
+            _add_to_path(file.parent)
+            module_name = file.stem
+        else:
+            if not _MODULE_NAME.match(entry):
+                raise PluginImportError(
+                    f"plugin module {entry!r} is not a dotted module name", field="plugins"
+                )
+            if base is not None:
+                _add_to_path(base)
+            module_name = entry
+        try:
+            importlib.import_module(module_name)
+        except ImportError as error:
+            raise PluginImportError(
+                f"cannot import plugin module {entry!r}: {error}", field="plugins"
+            ) from error

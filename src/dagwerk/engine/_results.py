@@ -1,0 +1,129 @@
+"""What an engine reports about a run: its result and its progress."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from types import MappingProxyType
+from typing import Any
+
+from dagwerk.constants import RUN_TERMINAL_STATUSES, RunStatus, TaskStatus
+from dagwerk.errors import DagwerkError
+from dagwerk.json import thaw_json
+from dagwerk.models import ResolvedOutput
+
+__all__ = ["RunNotFoundError", "RunProgress", "RunResult", "read_progress", "read_result"]
+
+
+class RunNotFoundError(DagwerkError, LookupError):
+    """No run with that ID exists in the engine's store."""
+
+    code = "run_not_found"
+
+
+@dataclass(frozen=True, slots=True)
+class RunResult:
+    """A run as it stands: ``outputs`` maps each node slug to the outputs its
+    active generation published (each with ``.id``, ``.fields``, ``.data``)."""
+
+    run_id: str
+    status: RunStatus
+    error: str | None
+    outputs: Mapping[str, tuple[ResolvedOutput, ...]] = field(
+        default_factory=lambda: MappingProxyType({})
+    )
+
+    @property
+    def ok(self) -> bool:
+        """Whether the run COMPLETED."""
+        return self.status is RunStatus.COMPLETED
+
+    @property
+    def terminal(self) -> bool:
+        return self.status in RUN_TERMINAL_STATUSES
+
+    def to_json(self) -> dict[str, Any]:
+        """A JSON-ready dict (``--json`` output of the CLI)."""
+        return {
+            "run_id": self.run_id,
+            "status": self.status.value,
+            "error": self.error,
+            "outputs": {
+                slug: [
+                    {"id": out.id, "fields": thaw_json(out.fields), "data": thaw_json(out.data)}
+                    for out in outputs
+                ]
+                for slug, outputs in self.outputs.items()
+            },
+        }
+
+
+@dataclass(frozen=True, slots=True)
+class RunProgress:
+    """Counts of a run's active generation, for progress displays."""
+
+    run_id: str
+    status: RunStatus
+    nodes_total: int
+    nodes_settled: int
+    tasks: Mapping[TaskStatus, int]
+    error: str | None = None
+
+    def count(self, status: TaskStatus) -> int:
+        return self.tasks.get(status, 0)
+
+    @property
+    def terminal(self) -> bool:
+        return self.status in RUN_TERMINAL_STATUSES
+
+    def summary(self) -> str:
+        """One plain line: ``running: nodes 2/4, tasks 3 done, 1 running, ...``."""
+        parts = [
+            f"{self.count(TaskStatus.COMPLETED)} done",
+            f"{self.count(TaskStatus.RUNNING)} running",
+            f"{self.count(TaskStatus.QUEUED)} queued",
+        ]
+        for status in (TaskStatus.WAITING, TaskStatus.FAILED, TaskStatus.CRASHED):
+            if self.count(status):
+                parts.append(f"{self.count(status)} {status.value}")
+        return (
+            f"{self.status.value}: nodes {self.nodes_settled}/{self.nodes_total}, "
+            f"tasks {', '.join(parts)}"
+        )
+
+
+def read_progress(store: Any, run_id: str) -> RunProgress:
+    """Read the run's record and task counts (two reads; not one snapshot)."""
+    run = store.get_run(run_id)
+    if run is None:
+        raise RunNotFoundError(f"run {run_id!r} does not exist", field="run_id")
+    counts: dict[TaskStatus, int] = {}
+    for task in store.list_tasks(run_id):
+        counts[task.status] = counts.get(task.status, 0) + 1
+    return RunProgress(
+        run_id=run_id,
+        status=run.status,
+        nodes_total=run.node_count,
+        nodes_settled=run.settled_nodes,
+        tasks=MappingProxyType(counts),
+        error=run.error,
+    )
+
+
+def read_result(store: Any, run_id: str) -> RunResult:
+    """The run's status, error and the outputs of every node's active generation."""
+    run = store.get_run(run_id)
+    if run is None:
+        raise RunNotFoundError(f"run {run_id!r} does not exist", field="run_id")
+    nodes = store.get_run_nodes(run_id) or []
+    outputs: dict[str, tuple[ResolvedOutput, ...]] = {}
+    for index, node in enumerate(nodes):
+        ids = tuple(store.get_output_ids(run_id, index))
+        resolved: Mapping[str, ResolvedOutput] = store.resolve_outputs(run_id, ids) if ids else {}
+        outputs[node.slug] = tuple(resolved[i] for i in ids if i in resolved)
+    return RunResult(
+        run_id=run_id,
+        status=run.status,
+        error=run.error,
+        outputs=MappingProxyType(outputs),
+    )

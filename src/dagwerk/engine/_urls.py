@@ -1,0 +1,62 @@
+"""Opening a store from a database URL."""
+
+from __future__ import annotations
+
+import importlib
+from typing import Any, Final
+
+from dagwerk.errors import DagwerkError
+
+__all__ = ["DEFAULT_URL", "BackendUnavailableError", "open_store"]
+
+DEFAULT_URL: Final = "sqlite:///dagwerk.db"
+"""``Engine()`` and the ``dagwerk`` command use ``./dagwerk.db`` unless told otherwise."""
+
+
+class BackendUnavailableError(DagwerkError, RuntimeError):
+    """The URL names a backend this installation does not have."""
+
+    code = "backend_unavailable"
+
+
+def open_store(url: str, **options: Any) -> Any:
+    """A store for ``url``: ``sqlite:///path.db``, ``memory://`` or ``postgresql://...``.
+
+    ``options`` go to the store's constructor (``limits``, ``clock``,
+    ``max_deliveries``, ...). An unknown scheme raises ``ValueError``
+    (:class:`~dagwerk.store.InvalidStoreValueError`).
+    """
+    from dagwerk.store import InvalidStoreValueError
+
+    if not isinstance(url, str) or not url:
+        raise InvalidStoreValueError("database URL must be a non-empty string", field="url")
+    if url.startswith("sqlite:"):
+        from dagwerk.backends.sqlite import SqliteStore
+
+        return SqliteStore(url, **options)
+    if url in ("memory://", "memory:"):
+        from dagwerk.backends.memory import MemoryStore
+
+        return MemoryStore(**options)
+    if url.startswith(("postgresql:", "postgres:", "postgresql+psycopg:")):
+        try:
+            module = importlib.import_module("dagwerk.backends.postgres")
+        except ModuleNotFoundError as error:
+            if error.name not in ("dagwerk.backends.postgres", "dagwerk.backends"):
+                raise BackendUnavailableError(
+                    f"the PostgreSQL backend needs the postgres extra "
+                    f"(pip install 'dagwerk[postgres]'): {error}",
+                    field="url",
+                ) from error
+            module = None
+        store_class = getattr(module, "PostgresStore", None)
+        if store_class is None:
+            raise BackendUnavailableError(
+                "PostgreSQL backend not available yet; use sqlite:///path.db or memory://",
+                field="url",
+            )
+        return store_class(url, **options)
+    raise InvalidStoreValueError(
+        f"unsupported database URL {url!r}; use sqlite:///path.db, memory:// or postgresql://...",
+        field="url",
+    )
