@@ -77,6 +77,7 @@ __all__ = [
     "PlanningError",
     "PlanningSnapshot",
     "ResolvedOutput",
+    "RetryPolicySpec",
     "RuntimeSource",
     "SecretSource",
     "Selection",
@@ -238,6 +239,33 @@ class InputEdge(_FrozenModel):
 # --- nodes ----------------------------------------------------------------
 
 
+class RetryPolicySpec(BaseModel):
+    """A node's retry settings, stored with the run (the worker turns them into
+    a runtime ``RetryPolicy``).
+
+    ``max_attempts`` counts the first attempt (1 = never retry). The delay
+    before attempt ``n + 1`` is ``min(backoff_max, backoff_base * 2 ** (n - 1))``,
+    drawn from ``[0, that]`` with ``jitter``. ``retry_on`` and ``give_up_on``
+    name exception classes (``"TimeoutError"`` or ``"module.Class"``); an empty
+    ``retry_on`` retries every exception.
+    """
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    max_attempts: int = Field(default=1, ge=1, le=1000)
+    backoff_base: float = Field(default=1.0, ge=0, allow_inf_nan=False)
+    backoff_max: float = Field(default=60.0, ge=0, allow_inf_nan=False)
+    jitter: bool = True
+    retry_on: tuple[NonEmptyStr, ...] = ()
+    give_up_on: tuple[NonEmptyStr, ...] = ()
+
+    @model_validator(mode="after")
+    def _check_backoff(self) -> Self:
+        if self.backoff_max < self.backoff_base:
+            raise ValueError("backoff_max must be >= backoff_base")
+        return self
+
+
 class DagNode(BaseModel):
     """One step of a pipeline. Mutable, validated on assignment."""
 
@@ -250,6 +278,11 @@ class DagNode(BaseModel):
     bindings: dict[str, InputBinding] = Field(default_factory=dict, max_length=MAX_NODE_BINDINGS)
     input_mode: InputMode | None = None
     correlation_mode: CorrelationMode = CorrelationMode.DEFAULT
+    # Runtime settings (dagwerk extension); absent means the worker's defaults.
+    timeout_seconds: float | None = Field(default=None, gt=0, allow_inf_nan=False)
+    retry: RetryPolicySpec | None = None
+    queue: NonEmptyStr = "default"
+    priority: int = 0
 
     @field_validator("bindings")
     @classmethod

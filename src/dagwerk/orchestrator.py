@@ -68,6 +68,7 @@ __all__ = [
     "on_task_crashed",
     "on_task_failed",
     "reconcile_run",
+    "settle_crashed_task",
     "start_run",
 ]
 
@@ -645,6 +646,48 @@ def on_task_crashed(
         callbacks=callbacks,
         limits=limits,
     )
+
+
+def settle_crashed_task(
+    store: DagStore,
+    task_id: str,
+    *,
+    callbacks: OrchestratorCallbacks,
+    limits: Limits | None = None,
+) -> bool:
+    """Apply the run's failure policy to a task the store already crashed
+    (e.g. the queue dead-lettered its delivery): fail-fast finalises the run
+    CRASHED citing the attempt; the other policies reconcile.
+
+    Returns whether the task was still a current CRASHED task of a RUNNING
+    run (only then does anything happen). Safe to repeat.
+    """
+    get_task = getattr(store, "get_task", None)
+    if get_task is None:
+        raise StoreContractError("settle_crashed_task needs a store with get_task")
+    record = get_task(task_id)
+    if record is None or record.invalidated or record.status != TaskStatus.CRASHED:
+        return False
+    if store.get_run_status(record.run_id) != RunStatus.RUNNING:
+        return False
+    result = TaskFailureResult(
+        task_id=record.task_id,
+        attempt_id=record.attempt_id,
+        run_id=record.run_id,
+        node_index=record.node_index,
+        generation=record.generation,
+        status=TaskStatus.CRASHED,
+    )
+    _on_task_failure(
+        store,
+        result,
+        task_id=task_id,
+        expected_attempt_id=record.attempt_id,
+        expected_status=TaskStatus.CRASHED,
+        callbacks=callbacks,
+        limits=limits,
+    )
+    return True
 
 
 # --- external termination ---------------------------------------------------

@@ -14,7 +14,7 @@ from dagwerk.store import (
     StoreContractError,
 )
 
-__all__ = ["RetryRejectedError", "RunRetryResult", "retry_run", "retry_task"]
+__all__ = ["RetryRejectedError", "RunRetryResult", "rerun_nodes", "retry_run", "retry_task"]
 
 
 class RetryRejectedError(DagwerkError, RuntimeError):
@@ -76,6 +76,32 @@ def retry_run(
         raise StoreContractError(
             "try_reopen_run returned a different generation set than its affected nodes"
         )
+    return RunRetryResult(
+        affected_nodes=tuple(result.affected_nodes),
+        generations=MappingProxyType(generations),
+        retry_count=result.retry_count,
+    )
+
+
+def rerun_nodes(store: DagRetryStore, run_id: str, node_indices: Iterable[int]) -> RunRetryResult:
+    """Re-run ``node_indices`` and all their descendants as a new generation,
+    reopening the run (a COMPLETED run too) in one store transaction.
+
+    The indices must be a non-empty collection of non-negative ints; they are
+    sorted and deduplicated. Raises :class:`~dagwerk.store.RerunRefusedError`
+    when an affected task is RUNNING and :class:`RetryRejectedError` when the
+    store refuses (missing or PENDING run, index out of range). Call
+    ``reconcile_run`` afterwards to launch the reset nodes.
+    """
+    indices = _normalise_boundary(node_indices)
+    result = store.try_rerun_nodes(run_id, indices)
+    if result is None:
+        raise RetryRejectedError(f"nodes {list(indices)} of run {run_id!r} cannot be re-run")
+    if not isinstance(result, RunReopenResult):
+        raise StoreContractError("try_rerun_nodes returned a value outside the protocol")
+    generations = dict(result.generations)
+    if set(generations) != set(result.affected_nodes) or not set(indices) <= set(generations):
+        raise StoreContractError("try_rerun_nodes returned an inconsistent affected set")
     return RunRetryResult(
         affected_nodes=tuple(result.affected_nodes),
         generations=MappingProxyType(generations),

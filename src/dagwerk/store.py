@@ -30,6 +30,7 @@ from dagwerk.constants import (
     TaskStatus,
 )
 from dagwerk.errors import DagwerkError
+from dagwerk.json import JsonValue
 from dagwerk.models import (
     DagNode,
     EmittedOutput,
@@ -41,6 +42,7 @@ from dagwerk.models import (
 )
 
 __all__ = [
+    "AttemptRecord",
     "DagQueueStore",
     "DagRetryStore",
     "DagRunStore",
@@ -53,6 +55,7 @@ __all__ = [
     "NodeLaunchRef",
     "OutputPublicationError",
     "OutputResolver",
+    "RerunRefusedError",
     "RunActivity",
     "RunActivityStore",
     "RunRecord",
@@ -88,6 +91,12 @@ class OutputPublicationError(DagwerkError, ValueError):
     """The current attempt supplied outputs that cannot be published."""
 
     code = "output_publication_invalid"
+
+
+class RerunRefusedError(DagwerkError, RuntimeError):
+    """A node re-run would reset a task that is RUNNING; nothing changed."""
+
+    code = "rerun_running"
 
 
 class InvalidStoreValueError(DagwerkError, ValueError):
@@ -452,6 +461,8 @@ class RunRecord:
     error: str | None
     node_count: int
     settled_nodes: int
+    created_at: float = 0.0
+    finished_at: float | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -470,6 +481,27 @@ class TaskRecord:
     resumed_from_wait_id: str | None
     active_wait_id: str | None
     invalidated: bool
+    attempt_number: int = 1
+    """1 for the first attempt; +1 for each replacement (retry, recovery,
+    resume, re-injection)."""
+
+
+@dataclass(frozen=True, slots=True)
+class AttemptRecord:
+    """One attempt of a task, oldest first in :meth:`DagRunStore.list_attempts`.
+
+    ``status`` is the attempt's outcome: the status its task had when the
+    attempt was replaced, the task's terminal status for a current attempt
+    that finished, and ``None`` while the current attempt is unfinished.
+    ``worker_id`` is the worker that last leased a delivery of the attempt.
+    """
+
+    attempt_id: str
+    number: int
+    status: TaskStatus | None
+    error: str | None
+    worker_id: str | None
+    resumed_from_wait_id: str | None
 
 
 # --- protocols --------------------------------------------------------------
@@ -570,7 +602,9 @@ class DagStore(Protocol):
         """One transaction: replace the current RUNNING attempt of the active
         generation with a new QUEUED attempt and its outbox row, keeping the plan
         and the wait correlation. Callbacks from the abandoned attempt become
-        stale.
+        stale. The task's count of lost deliveries grows by one and the new
+        row starts its delivery count there, so a task that keeps losing its
+        worker still reaches the dead-letter queue after ``max_deliveries``.
 
         An exact repeat (task, abandoned attempt, generation) returns the stored
         result even after later changes, without new work. ``None``: the attempt
@@ -650,15 +684,28 @@ class DagWaitStore(DagStore, Protocol):
         ...
 
     def try_resume_task(
-        self, task_id: str, wait_id: str, *, expected_attempt_id: str, expected_generation: int
+        self,
+        task_id: str,
+        wait_id: str,
+        *,
+        expected_attempt_id: str,
+        expected_generation: int,
+        response: object = None,
     ) -> TaskResumeResult | None:
-        """One transaction: resolve an active wait and create exactly one
-        replacement QUEUED attempt with its outbox row.
+        """One transaction: resolve an active wait, store ``response`` (JSON,
+        frozen) with it, and create exactly one replacement QUEUED attempt with
+        its outbox row.
 
-        An exact repeat returns the first result without new work, even after
-        later changes. ``None``: unknown wait, wrong attempt or generation, or a
-        wait invalidated before it was resolved.
+        An exact repeat returns the first result without new work (the first
+        response stays), even after later changes. ``None``: unknown wait,
+        wrong attempt or generation, or a wait invalidated before it was
+        resolved.
         """
+        ...
+
+    def get_wait_response(self, task_id: str, wait_id: str) -> JsonValue | None:
+        """The response stored when the wait was resolved; ``None`` for an
+        unknown or unresolved wait, or a resume without a response. Read-only."""
         ...
 
 
@@ -686,6 +733,32 @@ class DagRetryStore(DagStore, Protocol):
         IDs stay reserved) and advanced; the retry count increments and older
         snapshots go stale. ``None``: not retryable or the boundary does not
         hold; nothing changed.
+        """
+        ...
+
+    def try_fail_task_with_retry(
+        self, task_id: str, error: str, *, expected_attempt_id: str, available_at: float
+    ) -> str | None:
+        """One transaction: record ``error`` as the FAILED outcome of the current
+        RUNNING attempt and replace it with a new QUEUED attempt (same plan,
+        generation and wait correlation) whose delivery becomes available at
+        ``available_at`` (store clock seconds). The run never sees the task
+        FAILED, so no finaliser can close it in between. Returns the new
+        attempt ID; ``None`` (nothing changed) when the attempt is not the
+        current RUNNING one of an active task in a RUNNING run.
+        """
+        ...
+
+    def try_rerun_nodes(self, run_id: str, node_indices: tuple[int, ...]) -> RunReopenResult | None:
+        """One transaction under the run lock: the named nodes and all their
+        descendants become a new generation (launches, tasks and outputs
+        invalidated as a unit; output IDs stay reserved) and the run is
+        RUNNING again, from RUNNING or any terminal status (COMPLETED
+        included); the retry count increments.
+
+        Raises :class:`RerunRefusedError` (nothing changed) if an affected task
+        is RUNNING. ``None``: missing or PENDING run, empty or out-of-range
+        indices.
         """
         ...
 
@@ -751,6 +824,14 @@ class DagRunStore(Protocol):
 
     def get_output_ids(self, run_id: str, node_index: int) -> tuple[str, ...]:
         """Ids of the outputs currently published (active generation) by a node, in order."""
+        ...
+
+    def list_attempts(self, task_id: str) -> list[AttemptRecord]:
+        """Every attempt of the task, oldest first (empty for an unknown task)."""
+        ...
+
+    def list_runs(self, *, status: RunStatus | None = None, limit: int = 50) -> list[RunRecord]:
+        """Up to ``limit`` runs (of ``status`` when given), newest first."""
         ...
 
 
@@ -877,6 +958,7 @@ class DagQueueStore(Protocol):
         limit: int,
         lease_seconds: float,
         queues: Sequence[str] | None = None,
+        wait_seconds: float = 0.0,
     ) -> list[LeasedDelivery]:
         """Lease up to ``limit`` rows to ``worker_id`` in one transaction.
 
@@ -886,9 +968,21 @@ class DagQueueStore(Protocol):
         row's delivery count increments. A candidate that has already been
         leased ``max_deliveries`` times is moved to the dead-letter table with
         reason ``"max_deliveries"`` instead, and does not count towards
-        ``limit``. Returns the leased rows in that order; empty when nothing is
-        available.
+        ``limit``; in the same commit its task (when the row's attempt is
+        still current, QUEUED or RUNNING) becomes CRASHED with the error
+        ``"dead-lettered: <reason>"`` and is reported by
+        :meth:`take_dead_lettered`. Returns the leased rows in that order.
+
+        When nothing is deliverable it waits up to ``wait_seconds`` (wall
+        time) for work, waking as soon as work is enqueued where the backend
+        can tell; empty when the wait ends without work.
         """
+        ...
+
+    def take_dead_lettered(self) -> list[TaskAttemptRef]:
+        """Drain the tasks this process's dequeues crashed by dead-lettering
+        since the last call, so the caller can apply the run's failure policy
+        (``orchestrator.settle_crashed_task``)."""
         ...
 
     def ack(self, delivery_id: str, worker_id: str) -> bool:
@@ -926,7 +1020,8 @@ class DagQueueStore(Protocol):
         new queue row, and mark the dead letter re-injected.
 
         Applies while the dead letter's attempt is still the task's current
-        attempt, the task is QUEUED, RUNNING or CRASHED in its active launch
+        attempt (a task crashed by the dead-lettering included), the task is
+        QUEUED, RUNNING or CRASHED in its active launch
         and the run is RUNNING. Returns the new attempt ID. ``None`` (nothing
         changed) for an unknown or already re-injected dead letter, or when
         the task moved on; so of two racing callers at most one succeeds.

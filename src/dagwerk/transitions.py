@@ -55,6 +55,8 @@ RUN_TRANSITION_EVENTS: Final[Mapping[tuple[RunStatus, RunStatus], str]] = Mappin
         (_R.FAILED, _R.RUNNING): "reopen",
         (_R.CRASHED, _R.RUNNING): "reopen",
         (_R.CANCELLED, _R.RUNNING): "reopen",
+        # A node re-run (gated dispatch reset) may reopen a COMPLETED run too.
+        (_R.COMPLETED, _R.RUNNING): "rerun",
     }
 )
 """Every allowed run edge, named by the operation that takes it."""
@@ -67,6 +69,8 @@ TASK_TRANSITION_EVENTS: Final[Mapping[tuple[TaskStatus, TaskStatus], str]] = Map
         (_T.PENDING, _T.CANCELLED): "cancel",
         (_T.QUEUED, _T.RUNNING): "claim",
         (_T.QUEUED, _T.CANCELLED): "cancel",
+        # The queue dead-letters a row whose deliveries ran out.
+        (_T.QUEUED, _T.CRASHED): "dead_letter",
         (_T.RUNNING, _T.WAITING): "wait",
         (_T.RUNNING, _T.QUEUED): "recover",
         (_T.RUNNING, _T.COMPLETED): "complete",

@@ -67,21 +67,34 @@ def resume_task(
     *,
     expected_attempt_id: str,
     expected_generation: int,
+    response: object = None,
 ) -> TaskResumeResult | None:
     """Resolve an active wait with exactly one replacement attempt and its delivery.
 
-    The result is not permission to run: the new attempt must win a claim.
-    An exact repeat returns the first result; a wait invalidated before it
-    was resolved gives ``None``.
+    ``response`` (JSON) is stored with the wait in the same commit; the
+    resumed attempt reads it with ``get_wait_response`` (the worker hands it
+    over as ``ctx.wait_response``). The result is not permission to run: the
+    new attempt must win a claim. An exact repeat returns the first result;
+    a wait invalidated before it was resolved gives ``None``.
     """
     validate_attempt_request(task_id, expected_attempt_id, expected_generation)
     validate_wait_id(wait_id)
-    result = store.try_resume_task(
-        task_id,
-        wait_id,
-        expected_attempt_id=expected_attempt_id,
-        expected_generation=expected_generation,
-    )
+    if response is None:
+        # Stores written before responses existed keep working.
+        result = store.try_resume_task(
+            task_id,
+            wait_id,
+            expected_attempt_id=expected_attempt_id,
+            expected_generation=expected_generation,
+        )
+    else:
+        result = store.try_resume_task(
+            task_id,
+            wait_id,
+            expected_attempt_id=expected_attempt_id,
+            expected_generation=expected_generation,
+            response=response,
+        )
     if result is None:
         return None
     if not isinstance(result, TaskResumeResult):

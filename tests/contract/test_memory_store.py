@@ -1,6 +1,9 @@
-"""The store contract suite against the in-memory reference store."""
+"""The store contract suite (queue and round-2 operations included) against
+the in-memory reference store."""
 
 from __future__ import annotations
+
+from collections.abc import Callable
 
 import pytest
 
@@ -11,3 +14,8 @@ from dagwerk.testing.store_contract import *  # noqa: F403
 @pytest.fixture
 def store() -> MemoryStore:
     return MemoryStore()
+
+
+@pytest.fixture
+def make_store() -> Callable[..., MemoryStore]:
+    return MemoryStore

@@ -8,7 +8,6 @@ from pathlib import Path
 import pytest
 
 from dagwerk.backends.sqlite import SqliteStore
-from dagwerk.testing.contract_queue import *  # noqa: F403
 from dagwerk.testing.store_contract import *  # noqa: F403
 
 

@@ -11,6 +11,7 @@ import pytest
 from dagwerk.backends.memory import MemoryStore
 from dagwerk.constants import InputMode, InputRole, RunStatus, TaskStatus
 from dagwerk.errors import DagwerkError
+from dagwerk.execution import claim_task
 from dagwerk.models import DagNode, EdgeSource, EmittedOutput, InputEdge, TaskInputs
 from dagwerk.orchestrator import OrchestratorCallbacks, cancel_run, start_run
 from dagwerk.runtime.clock import FakeClock
@@ -144,7 +145,10 @@ def test_failing_plugin_succeeds_on_the_third_attempt(tmp_path: Path) -> None:
     _start(store, "run-r", [DagNode(slug="a", plugin="flaky")])
     worker.run_until_idle()
     (task,) = store.list_tasks("run-r")
-    assert task.status is TaskStatus.CRASHED  # failure recorded, retry reserved
+    # The failure and the reserved retry committed together (WK-06, WK-13).
+    assert (task.status, task.attempt_number) == (TaskStatus.QUEUED, 2)
+    (first, _) = store.list_attempts(task.task_id)
+    assert (first.status, first.error) == (TaskStatus.FAILED, "ConnectionError: flaky 1")
     assert store.get_run_status("run-r") is RunStatus.RUNNING
     for _ in range(2):
         clock.advance(60)  # past any jittered backoff (cap 60 s)
@@ -197,7 +201,8 @@ def test_process_executor_enforces_the_timeout_and_stores_no_late_result(
     worker.run_until_idle()
     assert time.monotonic() - started < 30  # the 60 s plugin was terminated
     run = store.get_run("run-t")
-    assert run is not None and run.status is RunStatus.FAILED
+    # A timeout that cannot be retried is recorded as a crash (decisions.md).
+    assert run is not None and run.status is RunStatus.CRASHED
     assert run.error is not None and "timed out" in run.error
     assert store.get_output_ids("run-t", 0) == ()
 
@@ -271,15 +276,17 @@ def test_plugin_error_and_invalid_output_fail_the_task(tmp_path: Path) -> None:
     assert run.error is not None and "PluginOutputError" in run.error
 
 
-def test_redelivered_running_task_is_dead_lettered_after_max_deliveries(tmp_path: Path) -> None:
-    # A worker that "dies" mid-task: simulated by a lease that expires while the
-    # task is RUNNING and no settlement ever happens.
+def test_wk_05_redelivered_running_task_is_recovered_under_a_new_attempt(
+    tmp_path: Path,
+) -> None:
+    # A worker that "dies" mid-task: a lease that expires while the task is
+    # RUNNING and no settlement ever happens.
     clock = FakeClock()
-    store = MemoryStore(clock=clock.time, max_deliveries=2)
-    entered = threading.Event()
+    store = MemoryStore(clock=clock.time, max_deliveries=3)
+    seen: list[int] = []
     worker = Worker(
         store,
-        PluginRegistry({"p": lambda i, c: entered.set()}),
+        PluginRegistry({"p": lambda i, c: seen.append(c.attempt)}),
         clock=clock,
         lease_seconds=5,
         lease_grace=0,
@@ -287,8 +294,6 @@ def test_redelivered_running_task_is_dead_lettered_after_max_deliveries(tmp_path
     )
     _start(store, "run-d", [DagNode(slug="p", plugin="p")])
     (delivery,) = worker.queue.dequeue("dead-worker", limit=1, lease_seconds=5)
-    from dagwerk.execution import claim_task
-
     assert claim_task(
         store,
         delivery.task_id,
@@ -297,10 +302,47 @@ def test_redelivered_running_task_is_dead_lettered_after_max_deliveries(tmp_path
     )
     clock.advance(6)  # the dead worker's lease expires
     worker.run_until_idle()
-    assert [r.action for r in worker.reports] == ["dead_lettered"]
-    assert not entered.is_set()
-    assert store.get_run_status("run-d") is RunStatus.CRASHED
-    assert [d.reason for d in store.list_dead_letters()] == ["abandoned after 2 deliveries"]
+    assert [r.action for r in worker.reports] == ["recovered", "completed"]
+    assert seen == [2]  # the durable attempt number, not a per-process count
+    assert store.get_run_status("run-d") is RunStatus.COMPLETED
+    # The dead worker's late settle is stale: nothing changes.
+    assert (
+        store.try_complete_task(delivery.task_id, (), expected_attempt_id=delivery.attempt_id)
+        is None
+    )
+    first, second = store.list_attempts(delivery.task_id)
+    assert (first.status, first.worker_id) == (TaskStatus.CRASHED, "dead-worker")
+    assert (second.status, second.worker_id) == (TaskStatus.COMPLETED, worker.worker_id)
+
+
+def test_poison_task_reaches_the_dead_letter_queue_and_the_run_crashes(tmp_path: Path) -> None:
+    clock = FakeClock()
+    store = MemoryStore(clock=clock.time, max_deliveries=2)
+    worker = Worker(
+        store,
+        PluginRegistry({"p": lambda i, c: None}),
+        clock=clock,
+        lease_seconds=5,
+        lease_grace=0,
+        execution_root=tmp_path,
+    )
+    _start(store, "run-p", [DagNode(slug="p", plugin="p")])
+    for _ in range(2):
+        # Every execution kills its worker: claim, then never settle.
+        (row,) = store.dequeue("doomed", limit=1, lease_seconds=5)
+        assert claim_task(
+            store, row.task_id, expected_attempt_id=row.attempt_id, expected_generation=0
+        )
+        clock.advance(6)
+        # The next lease holder recovers the task under a new attempt, until
+        # the carried delivery count sends the row to the dead-letter queue.
+        worker.process_once()
+    assert store.get_run_status("run-p") is RunStatus.CRASHED
+    (letter,) = store.list_dead_letters()
+    assert letter.reason == "max_deliveries"
+    assert [r.action for r in worker.reports] == ["recovered", "dead_lettered"]
+    run = store.get_run("run-p")
+    assert run is not None and run.error == "dead-lettered: max_deliveries"
 
 
 def test_aa_08_execution_root_is_required_and_validated(tmp_path: Path) -> None:

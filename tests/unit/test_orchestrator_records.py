@@ -157,7 +157,7 @@ def test_rt_12_run_reopen_result_rejects_non_integer_state(
 
 
 def test_sm_02_run_transition_table() -> None:
-    assert RUN_TRANSITIONS[RunStatus.COMPLETED] == frozenset()
+    assert RUN_TRANSITIONS[RunStatus.COMPLETED] == {RunStatus.RUNNING}
     assert RUN_TRANSITIONS[RunStatus.PENDING] == {
         RunStatus.RUNNING,
         RunStatus.FAILED,
@@ -167,8 +167,10 @@ def test_sm_02_run_transition_table() -> None:
     for status in (RunStatus.FAILED, RunStatus.CRASHED, RunStatus.CANCELLED):
         assert RUN_TRANSITIONS[status] == {RunStatus.RUNNING}
     assert check_run_transition(RunStatus.FAILED, RunStatus.RUNNING) == "reopen"
-    with pytest.raises(InvalidTransitionError, match="completed -> running"):
-        check_run_transition(RunStatus.COMPLETED, RunStatus.RUNNING)
+    # Only a node re-run reopens a COMPLETED run; run retry never does.
+    assert check_run_transition(RunStatus.COMPLETED, RunStatus.RUNNING) == "rerun"
+    with pytest.raises(InvalidTransitionError, match="completed -> failed"):
+        check_run_transition(RunStatus.COMPLETED, RunStatus.FAILED)
     with pytest.raises(InvalidTransitionError):
         check_run_transition(RunStatus.PENDING, RunStatus.COMPLETED)
 

@@ -8,9 +8,26 @@ families (running, workers, inspection) are new modules, not edits to old ones.
 from __future__ import annotations
 
 from dagwerk.cli.app import cli, main
+from dagwerk.cli.commands_control import cancel, dlq, rerun, resume, retry
+from dagwerk.cli.commands_inspect import runs, show
+from dagwerk.cli.commands_run import run, submit, worker
 from dagwerk.cli.commands_static import graph, schema, validate
 
-for _command in (validate, graph, schema):
+for _command in (
+    validate,
+    graph,
+    schema,
+    run,
+    submit,
+    worker,
+    runs,
+    show,
+    cancel,
+    retry,
+    rerun,
+    resume,
+    dlq,
+):
     cli.add_command(_command)
 
 __all__ = ["cli", "main"]

@@ -82,7 +82,8 @@ class DagwerkGroup(click.Group):
     def invoke(self, ctx: click.Context) -> Any:
         try:
             return super().invoke(ctx)
-        except (click.ClickException, click.exceptions.Exit, click.Abort):
+        except (click.ClickException, click.exceptions.Exit, click.Abort, BrokenPipeError):
+            # A closed pipe is not a command error: ``main`` silences it.
             raise
         except Exception as error:
             if ctx.params.get("debug"):

@@ -9,6 +9,7 @@ from pathlib import Path
 from types import MappingProxyType
 from typing import Protocol
 
+from dagwerk.json import JsonValue
 from dagwerk.runtime.errors import TaskCancelled, WaitRequested
 from dagwerk.store import validate_wait_id
 
@@ -56,6 +57,9 @@ class TaskContext:
         default_factory=lambda: logging.getLogger("dagwerk.task")
     )
     heartbeat_fn: Callable[[], None] = _no_heartbeat
+    wait_response: JsonValue | None = None
+    """The response stored when this attempt's lineage resumed from
+    ``resumed_from_wait_id`` (``None`` without one)."""
 
     def check_cancelled(self) -> None:
         """Raise :class:`TaskCancelled` if the abort signal has fired."""

@@ -6,6 +6,7 @@ import random
 from dataclasses import dataclass
 
 from dagwerk.errors import DagwerkError
+from dagwerk.models import RetryPolicySpec
 from dagwerk.runtime.errors import NonRetryableError
 
 __all__ = ["RetryPolicy", "RetryPolicyError"]
@@ -34,6 +35,23 @@ class RetryPolicy:
     jitter: bool = True
     retry_on: tuple[type[BaseException], ...] = (Exception,)
     give_up_on: tuple[type[BaseException], ...] = ()
+    # Exception classes named in a stored node setting ("Name" or
+    # "module.Name"); matched against the error's class hierarchy.
+    retry_on_names: tuple[str, ...] = ()
+    give_up_on_names: tuple[str, ...] = ()
+
+    @classmethod
+    def from_spec(cls, spec: RetryPolicySpec) -> RetryPolicy:
+        """The runtime policy of a node's stored ``retry`` setting; an empty
+        ``retry_on`` retries every exception."""
+        return cls(
+            max_attempts=spec.max_attempts,
+            backoff_base=spec.backoff_base,
+            backoff_max=spec.backoff_max,
+            jitter=spec.jitter,
+            retry_on_names=tuple(spec.retry_on),
+            give_up_on_names=tuple(spec.give_up_on),
+        )
 
     def __post_init__(self) -> None:
         if type(self.max_attempts) is not int or self.max_attempts < 1:
@@ -51,6 +69,10 @@ class RetryPolicy:
             return False
         if self.give_up_on and isinstance(error, self.give_up_on):
             return False
+        if self.give_up_on_names and _named(error, self.give_up_on_names):
+            return False
+        if self.retry_on_names and not _named(error, self.retry_on_names):
+            return False
         return isinstance(error, self.retry_on)
 
     def next_delay(self, attempt: int, rng: random.Random | None = None) -> float:
@@ -62,3 +84,13 @@ class RetryPolicy:
         if not self.jitter:
             return ceiling
         return (rng or random).uniform(0.0, ceiling)
+
+
+def _named(error: BaseException, names: tuple[str, ...]) -> bool:
+    """Whether a class in the error's hierarchy has one of ``names`` (plain
+    or module-qualified)."""
+    wanted = set(names)
+    for klass in type(error).__mro__:
+        if klass.__name__ in wanted or f"{klass.__module__}.{klass.__qualname__}" in wanted:
+            return True
+    return False

@@ -4,13 +4,23 @@ One :class:`Worker` serves one store's queue. Its advancement actor is the
 only caller of :meth:`Worker.process_once`, so one batch is in flight at a
 time; inside a batch up to ``concurrency`` attempts run in parallel.
 
-Per delivery (WK-15): read the run (not RUNNING or unreadable: nothing runs)
-→ claim the attempt → register the attempt's abort signal → read the run
-again → resolve inputs → execute with the deadline → settle → acknowledge.
-While the attempt runs, a watcher reads the run's durable status every
-``cancel_check_interval`` and fires the abort on cancellation, and extends
-the delivery's lease. Settlement is fenced by the attempt ID in the store, so
-a late or cancelled attempt changes nothing (WK-14).
+Per delivery (WK-15): read the run (not RUNNING: nothing runs) → claim the
+attempt → register the attempt's abort signal → read the run again (an
+unreadable run crashes the attempt) → resolve inputs → execute with the
+deadline → settle → acknowledge. While the attempt runs, a watcher reads the
+run's durable status every ``cancel_check_interval`` and fires the abort on
+cancellation, and extends the delivery's lease (``ctx.heartbeat()`` extends
+it at once). Settlement is fenced by the attempt ID in the store, so a late
+or cancelled attempt changes nothing (WK-14).
+
+A delivery whose task is still RUNNING under the same attempt was
+redelivered because its previous holder lost the lease: the new holder
+recovers the task (a new attempt; the old attempt's late settle is stale)
+and the store carries the lost-delivery count forward, so a task that keeps
+killing its worker reaches the dead-letter queue after ``max_deliveries``.
+Tasks the queue crashed by dead-lettering are settled by the run's failure
+policy after each dequeue. When idle, the worker sweeps RUNNING tasks that
+have no queue row at all, at most once per lease duration (WK-17..WK-21).
 """
 
 from __future__ import annotations
@@ -28,14 +38,15 @@ from typing import Any
 
 from dagwerk.constants import RunStatus, TaskStatus
 from dagwerk.errors import DagwerkError
-from dagwerk.execution import claim_task
+from dagwerk.execution import claim_task, recover_task
+from dagwerk.models import DagNode
 from dagwerk.orchestrator import (
     OrchestratorCallbacks,
     on_task_complete,
     on_task_crashed,
     on_task_failed,
+    settle_crashed_task,
 )
-from dagwerk.retry import retry_task
 from dagwerk.runtime.actor import AdvancementActor
 from dagwerk.runtime.clock import Clock, SystemClock
 from dagwerk.runtime.context import TaskContext
@@ -52,12 +63,20 @@ from dagwerk.runtime.executors import (
     OutcomeKind,
     make_executor,
 )
-from dagwerk.runtime.plugins import PluginFn, PluginRegistry
+from dagwerk.runtime.plugins import PluginFn, PluginRegistry, PluginSpec
+from dagwerk.runtime.retry_policy import RetryPolicy
+from dagwerk.runtime.sweep import StaleSweeper, SweepReport
 from dagwerk.store import DagQueueStore, LeasedDelivery
 from dagwerk.task_input import resolve_task_inputs
 from dagwerk.waiting import wait_task
 
-__all__ = ["DeliveryReport", "SecretResolver", "Worker", "validate_execution_root"]
+__all__ = [
+    "DeliveryReport",
+    "SecretResolver",
+    "SweepReport",
+    "Worker",
+    "validate_execution_root",
+]
 
 _LOG = logging.getLogger("dagwerk.runtime.worker")
 
@@ -96,7 +115,7 @@ class DeliveryReport:
 
     delivery_id: str
     task_id: str
-    action: str  # completed, failed, retried, retry_released, waited, cancelled, ...
+    action: str  # completed, failed, retried, recovered, dead_lettered, waited, cancelled, ...
     detail: str = ""
 
 
@@ -105,6 +124,7 @@ class _Running:
     signal: AttemptSignal
     done: threading.Event = field(default_factory=threading.Event)
     heartbeat: threading.Event = field(default_factory=threading.Event)
+    last_beat: float = float("-inf")
 
 
 class Worker:
@@ -134,6 +154,8 @@ class Worker:
         worker_id: str | None = None,
         callbacks: OrchestratorCallbacks | None = None,
         rng: random.Random | None = None,
+        idle_wait: float | None = None,
+        queues: list[str] | None = None,
     ) -> None:
         if type(concurrency) is not int or concurrency < 1:
             raise DagwerkError("concurrency must be an int >= 1", field="concurrency")
@@ -162,10 +184,10 @@ class Worker:
             )
         self.queue: DagQueueStore = store
         self._rng = rng or random.Random()
-        # Attempt numbers the worker assigned when it reserved a retry; the
-        # store has no attempt counter yet, so this is process-local.
-        self._attempt_numbers: dict[str, int] = {}
-        self._numbers_lock = threading.Lock()
+        # How long an idle background step waits in dequeue for new work.
+        self.idle_wait = poll_interval if idle_wait is None else idle_wait
+        self.queues = queues
+        self.sweeper = StaleSweeper(self)
         self._pool = ThreadPoolExecutor(max_workers=concurrency, thread_name_prefix="dagwerk-w")
         self._running: dict[str, _Running] = {}
         self._running_lock = threading.Lock()
@@ -203,7 +225,8 @@ class Worker:
         return self.actor.wait_for_run(run_id, timeout)
 
     def run_until_idle(self, max_batches: int = 100_000) -> int:
-        """Process batches in this thread until a dequeue finds nothing; the count handled."""
+        """Process batches in this thread until a dequeue finds nothing (and the
+        idle sweep requeued nothing); the count handled."""
         total = 0
         for _ in range(max_batches):
             handled = self.process_once()
@@ -213,7 +236,7 @@ class Worker:
         return total
 
     def _step(self) -> bool:
-        return self.process_once() > 0
+        return self.process_once(self.idle_wait) > 0
 
     def _read_status(self, run_id: str) -> RunStatus | None:
         status: RunStatus | None = self.store.get_run_status(run_id)
@@ -221,13 +244,22 @@ class Worker:
 
     # --- one batch -------------------------------------------------------------------
 
-    def process_once(self) -> int:
-        """Lease up to ``concurrency`` deliveries and handle them; the number leased."""
+    def process_once(self, wait_seconds: float = 0.0) -> int:
+        """Lease up to ``concurrency`` deliveries (waiting up to ``wait_seconds``
+        for work) and handle them; the number leased. With nothing to lease it
+        settles dead-lettered tasks and runs the throttled idle sweep, and
+        returns the number of tasks the sweep requeued."""
         batch: list[LeasedDelivery] = self.queue.dequeue(
-            self.worker_id, limit=self.concurrency, lease_seconds=self.lease_seconds
+            self.worker_id,
+            limit=self.concurrency,
+            lease_seconds=self.lease_seconds,
+            queues=self.queues,
+            wait_seconds=wait_seconds,
         )
+        self._settle_dead_lettered()
         if not batch:
-            return 0
+            swept = self.sweeper.maybe_sweep()
+            return sum(1 for report in swept if report.action == "requeued")
         if len(batch) == 1:
             self._handle(batch[0])
         else:
@@ -251,8 +283,16 @@ class Worker:
             self._report(delivery, "error", f"{type(exc).__name__}: {exc}")
 
     def _handle_unchecked(self, delivery: LeasedDelivery) -> None:
-        # First run check: a cancelled, finished or unreadable run admits nothing.
-        status = self._safe_status(delivery.run_id)
+        # First run check: a cancelled or finished run admits nothing.
+        try:
+            status = self._read_status(delivery.run_id)
+        except Exception as exc:
+            # Unreadable before the claim: nothing ran, so the delivery goes
+            # back (acking it would strand the QUEUED task).
+            _LOG.exception("reading run %s failed", delivery.run_id)
+            self.queue.nack(delivery.delivery_id, self.worker_id, delay=self.poll_interval)
+            self._report(delivery, "unreadable", f"{type(exc).__name__}: {exc}")
+            return
         if status is not RunStatus.RUNNING:
             self._ack(delivery, "closed", f"run is {status}")
             return
@@ -265,74 +305,65 @@ class Worker:
         if claimed is None:
             self._unclaimable(delivery)
             return
-        self._execute(delivery, attempt=self._attempt_number(delivery.attempt_id))
+        self._execute(delivery)
 
     def _safe_status(self, run_id: str) -> RunStatus | None:
         try:
             return self._read_status(run_id)
-        except Exception:  # unreadable closes the attempt rather than authorising it
+        except Exception:  # unreadable never authorises anything
             _LOG.exception("reading run %s failed", run_id)
             return None
 
-    def _attempt_number(self, attempt_id: str) -> int:
-        with self._numbers_lock:
-            return self._attempt_numbers.get(attempt_id, 1)
+    def _settle_dead_lettered(self) -> None:
+        """Apply the failure policy to tasks this process's dequeue crashed by
+        dead-lettering (the crash committed with the dead letter)."""
+        for ref in self.queue.take_dead_lettered():
+            try:
+                settle_crashed_task(self.store, ref.task_id, callbacks=self.callbacks)
+            except Exception:
+                _LOG.exception("settling dead-lettered task %s failed", ref.task_id)
+            self.reports.append(DeliveryReport("", ref.task_id, "dead_lettered", "max_deliveries"))
 
     def _unclaimable(self, delivery: LeasedDelivery) -> None:
         task = self.store.get_task(delivery.task_id)
         if task is None or task.attempt_id != delivery.attempt_id or task.invalidated:
             self._ack(delivery, "stale")
             return
-        if task.status == TaskStatus.CRASHED:
-            # A failure whose retry was reserved by delaying this delivery: the
-            # delay has passed, so the next attempt is created now (WK-06).
-            new_attempt = retry_task(self.store, task.task_id, expected_attempt_id=task.attempt_id)
-            if new_attempt is not None:
-                with self._numbers_lock:
-                    number = self._attempt_numbers.pop(task.attempt_id, 1) + 1
-                    self._attempt_numbers[new_attempt] = number
-            self._ack(delivery, "retry_released", str(new_attempt))
-            return
         if task.status == TaskStatus.RUNNING:
-            # Redelivered while RUNNING: the previous lease holder died or lost its
-            # lease. This delivery now holds the lease, so it may run the attempt
-            # again; completion is idempotent per attempt, so outputs publish once.
-            if delivery.delivery_count >= self.max_deliveries:
-                self._crash(delivery, f"abandoned after {delivery.delivery_count} deliveries")
-                return
-            self._execute(delivery, attempt=self._attempt_number(delivery.attempt_id))
+            # Redelivered while RUNNING: the previous lease holder died or lost
+            # its lease, and this delivery now holds it (WK-05). The task is
+            # recovered under a new attempt, so a late settle of the old one is
+            # stale; the store carries the lost-delivery count forward.
+            recovered = recover_task(
+                self.store,
+                task.task_id,
+                expected_attempt_id=task.attempt_id,
+                expected_generation=task.generation,
+            )
+            detail = recovered.recovered_attempt_id if recovered is not None else "refused"
+            self._ack(delivery, "recovered", detail)
             return
         self._ack(delivery, "not_claimable", task.status.value)
 
-    def _crash(self, delivery: LeasedDelivery, reason: str) -> None:
-        # Parked first: crashing the task may finalise the run, which drops the row.
-        self.queue.nack(delivery.delivery_id, self.worker_id, poison=True, reason=reason)
-        on_task_crashed(
-            self.store,
-            task_id=delivery.task_id,
-            expected_attempt_id=delivery.attempt_id,
-            error_message=reason,
-            callbacks=self.callbacks,
-        )
-        self._report(delivery, "dead_lettered", reason)
-
     # --- one attempt -----------------------------------------------------------------
 
-    def _execute(self, delivery: LeasedDelivery, *, attempt: int) -> None:
+    def _execute(self, delivery: LeasedDelivery) -> None:
         task = self.store.get_task(delivery.task_id)
         nodes = self.store.get_run_nodes(delivery.run_id)
         if task is None or nodes is None:
             self._ack(delivery, "stale")
             return
         node = nodes[delivery.node_index]
+        attempt = task.attempt_number
         try:
             spec = self.plugins.get(node.plugin)
             inputs = resolve_task_inputs(self.store, run_id=delivery.run_id, plan=task.plan)
         except DagwerkError as exc:
-            self._fail(delivery, exc, retryable=False)
+            self._fail(delivery, exc)
             return
-        timeout = spec.timeout_seconds or self.default_timeout
-        bound = max(timeout or 0.0, self.lease_seconds) + self.lease_grace
+        policy = self.retry_policy(node, spec)
+        timeout = self.timeout_of(node, spec)
+        bound = self.lease_bound(timeout)
         self.queue.extend_lease(delivery.delivery_id, self.worker_id, bound)
         entry = _Running(AttemptSignal())
         # The signal is registered before the final read, so a cancellation that
@@ -342,29 +373,16 @@ class Worker:
         try:
             if self._stopped:
                 entry.signal.fire("worker stopping")
-            status = self._safe_status(delivery.run_id)
+            try:
+                status = self._read_status(delivery.run_id)
+            except Exception as exc:
+                self._crash_unreadable(delivery, exc)
+                return
             if status is not RunStatus.RUNNING:
                 self._ack(delivery, "cancelled", f"run is {status}")
                 return
-            secrets = (
-                MappingProxyType(dict(self.secret_resolver(delivery.run_id, node.plugin)))
-                if self.secret_resolver is not None
-                else MappingProxyType({})
-            )
-            ctx = TaskContext(
-                run_id=delivery.run_id,
-                task_id=delivery.task_id,
-                node_index=delivery.node_index,
-                generation=delivery.generation,
-                attempt_id=delivery.attempt_id,
-                attempt=attempt,
-                plugin=node.plugin,
-                execution_root=self.execution_root,
-                cancelled=entry.signal.abort,
-                resumed_from_wait_id=task.resumed_from_wait_id,
-                secrets=secrets,
-                logger=logging.getLogger(f"dagwerk.task.{node.plugin}"),
-                heartbeat_fn=entry.heartbeat.set,
+            ctx = self._context(
+                delivery, node, task.resumed_from_wait_id, attempt=attempt, entry=entry, bound=bound
             )
             watcher = threading.Thread(
                 target=self._watch, args=(delivery, entry, bound), daemon=True
@@ -377,10 +395,94 @@ class Worker:
             finally:
                 entry.done.set()
                 watcher.join()
-            self._settle(delivery, outcome, attempt, spec.retry, entry.signal)
+            self._settle(delivery, outcome, attempt, policy, entry.signal)
         finally:
             with self._running_lock:
                 self._running.pop(delivery.delivery_id, None)
+
+    # --- per-node settings -------------------------------------------------------------
+
+    @staticmethod
+    def retry_policy(node: DagNode, spec: PluginSpec) -> RetryPolicy:
+        """The node's stored retry setting over the plugin's registration default."""
+        return RetryPolicy.from_spec(node.retry) if node.retry is not None else spec.retry
+
+    def timeout_of(self, node: DagNode, spec: PluginSpec) -> float | None:
+        """Node timeout, else the plugin's, else the worker default (WK-03)."""
+        if node.timeout_seconds is not None:
+            return node.timeout_seconds
+        return spec.timeout_seconds or self.default_timeout
+
+    def lease_bound(self, timeout: float | None) -> float:
+        """Ownership bound = max(task timeout, lease setting) + grace (WK-03)."""
+        return max(timeout or 0.0, self.lease_seconds) + self.lease_grace
+
+    def _context(
+        self,
+        delivery: LeasedDelivery,
+        node: DagNode,
+        resumed_from: str | None,
+        *,
+        attempt: int,
+        entry: _Running,
+        bound: float,
+    ) -> TaskContext:
+        secrets = (
+            MappingProxyType(dict(self.secret_resolver(delivery.run_id, node.plugin)))
+            if self.secret_resolver is not None
+            else MappingProxyType({})
+        )
+        response = None
+        if resumed_from is not None and hasattr(self.store, "get_wait_response"):
+            response = self.store.get_wait_response(delivery.task_id, resumed_from)
+
+        def heartbeat() -> None:
+            self._heartbeat(delivery, entry, bound)
+
+        return TaskContext(
+            run_id=delivery.run_id,
+            task_id=delivery.task_id,
+            node_index=delivery.node_index,
+            generation=delivery.generation,
+            attempt_id=delivery.attempt_id,
+            attempt=attempt,
+            plugin=node.plugin,
+            execution_root=self.execution_root,
+            cancelled=entry.signal.abort,
+            resumed_from_wait_id=resumed_from,
+            secrets=secrets,
+            logger=logging.getLogger(f"dagwerk.task.{node.plugin}"),
+            heartbeat_fn=heartbeat,
+            wait_response=response,
+        )
+
+    def _heartbeat(self, delivery: LeasedDelivery, entry: _Running, bound: float) -> None:
+        """Extend the lease now; beats closer than a tenth of the lease are folded."""
+        entry.heartbeat.set()
+        now = self.clock.monotonic()
+        if now - entry.last_beat < self.lease_seconds / 10:
+            return
+        entry.last_beat = now
+        self.queue.extend_lease(delivery.delivery_id, self.worker_id, bound)
+
+    def _crash_unreadable(self, delivery: LeasedDelivery, exc: BaseException) -> None:
+        """The run became unreadable after the claim: the attempt is closed as
+        CRASHED rather than stranded RUNNING (WK-15)."""
+        _LOG.exception("reading run %s after the claim failed", delivery.run_id)
+        reason = f"run unreadable after claim: {type(exc).__name__}: {exc}"
+        try:
+            on_task_crashed(
+                self.store,
+                task_id=delivery.task_id,
+                expected_attempt_id=delivery.attempt_id,
+                error_message=reason,
+                callbacks=self.callbacks,
+            )
+        except Exception:
+            # Still unreadable: leave the lease to expire; the redelivery recovers.
+            self._report(delivery, "unreadable", reason)
+            return
+        self._ack(delivery, "crashed", reason)
 
     def _watch(self, delivery: LeasedDelivery, entry: _Running, bound: float) -> None:
         """Observe durable run state at a bounded interval; extend the lease."""
@@ -397,7 +499,7 @@ class Worker:
         delivery: LeasedDelivery,
         outcome: ExecutionOutcome,
         attempt: int,
-        policy: Any,
+        policy: RetryPolicy,
         signal: AttemptSignal,
     ) -> None:
         if outcome.kind is OutcomeKind.OK:
@@ -429,7 +531,8 @@ class Worker:
             return
         if outcome.kind is OutcomeKind.CANCELLED:
             if signal.reason == "worker stopping":
-                # Nothing is settled: the delivery goes back so another worker runs it.
+                # Nothing is settled: the delivery goes back, and its redelivery
+                # recovers the task under a new attempt.
                 self.queue.nack(delivery.delivery_id, self.worker_id)
                 self._report(delivery, "released", "worker stopping")
                 return
@@ -440,13 +543,22 @@ class Worker:
             error = TaskTimedOut(f"task timed out ({outcome.detail})")
         else:
             error = outcome.error or RuntimeError("Unknown error")
-        retryable = outcome.retryable and policy.should_retry(error, attempt)
-        if retryable:
+        if outcome.retryable and policy.should_retry(error, attempt):
             self._reserve_retry(delivery, error, attempt, policy)
+        elif outcome.kind is OutcomeKind.TIMEOUT:
+            # A timeout that cannot be retried is recorded as a crash (decisions.md).
+            on_task_crashed(
+                self.store,
+                task_id=delivery.task_id,
+                expected_attempt_id=delivery.attempt_id,
+                error_message=_describe(error),
+                callbacks=self.callbacks,
+            )
+            self._ack(delivery, "timed_out", _describe(error))
         else:
-            self._fail(delivery, error, retryable=False)
+            self._fail(delivery, error)
 
-    def _fail(self, delivery: LeasedDelivery, error: BaseException, *, retryable: bool) -> None:
+    def _fail(self, delivery: LeasedDelivery, error: BaseException) -> None:
         on_task_failed(
             self.store,
             task_id=delivery.task_id,
@@ -457,23 +569,21 @@ class Worker:
         self._ack(delivery, "failed", _describe(error))
 
     def _reserve_retry(
-        self, delivery: LeasedDelivery, error: BaseException, attempt: int, policy: Any
+        self, delivery: LeasedDelivery, error: BaseException, attempt: int, policy: RetryPolicy
     ) -> None:
-        # The store cannot yet record a failure and reserve the next attempt in
-        # one commit, so the attempt is marked CRASHED (which no fail-fast
-        # finaliser acts on by itself) and this delivery comes back after the
-        # backoff; its redelivery creates the next attempt (``_unclaimable``).
-        result = self.store.mark_task_crashed(
-            delivery.task_id, _describe(error), expected_attempt_id=delivery.attempt_id
+        # One commit records the failure and reserves the next attempt with a
+        # delayed delivery, so no finaliser can close the run in between (WK-13).
+        delay = policy.next_delay(attempt, self._rng)
+        new_attempt = self.store.try_fail_task_with_retry(
+            delivery.task_id,
+            _describe(error),
+            expected_attempt_id=delivery.attempt_id,
+            available_at=self.clock.time() + delay,
         )
-        if result is None:
+        if new_attempt is None:
             self._ack(delivery, "stale", "failure not accepted")
             return
-        with self._numbers_lock:
-            self._attempt_numbers[delivery.attempt_id] = attempt
-        delay = policy.next_delay(attempt, self._rng)
-        self.queue.nack(delivery.delivery_id, self.worker_id, delay=delay)
-        self._report(delivery, "retried", f"attempt {attempt} failed; retry in {delay:.3f}s")
+        self._ack(delivery, "retried", f"attempt {attempt} failed; retry in {delay:.3f}s")
 
 
 def _describe(error: BaseException) -> str:

@@ -18,7 +18,7 @@ import pytest
 from dagwerk.constants import RunStatus, TaskStatus
 from dagwerk.execution import claim_task
 from dagwerk.orchestrator import on_task_complete
-from dagwerk.store import DagQueueStore, InvalidStoreValueError, LeasedDelivery
+from dagwerk.store import DagQueueStore, InvalidStoreValueError, LeasedDelivery, TaskAttemptRef
 from dagwerk.testing.helpers import (
     ContractStore,
     chain,
@@ -188,8 +188,12 @@ def test_qu_06_row_over_max_deliveries_is_dead_lettered_not_delivered(
     assert store.list_deliveries("run-1") == []
     assert store.list_dead_letters("run-1") == [letter]
     assert store.list_dead_letters("other-run") == []
-    # The task itself is untouched: it waits for a re-injection or a cancel.
-    assert task(store, record.task_id).status is TaskStatus.QUEUED
+    # The same commit crashed the task; the caller settles the run by policy.
+    crashed = task(store, record.task_id)
+    assert crashed.status is TaskStatus.CRASHED
+    assert crashed.error == "dead-lettered: max_deliveries"
+    assert store.take_dead_lettered() == [TaskAttemptRef(record.task_id, record.attempt_id)]
+    assert store.take_dead_lettered() == []
 
 
 def test_qu_07_poison_nack_dead_letters_with_reason(qstore: QueueContractStore) -> None:

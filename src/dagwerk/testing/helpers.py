@@ -498,6 +498,11 @@ _FORWARDED = (
     "ack_delivery",
     "try_cancel_run",
     "get_output_ids",
+    "try_fail_task_with_retry",
+    "try_rerun_nodes",
+    "get_wait_response",
+    "list_attempts",
+    "list_runs",
 )
 
 

@@ -12,6 +12,10 @@ A backend's test module runs the whole suite by importing it and providing a
     def store():
         return MyStore()
 
+    @pytest.fixture
+    def make_store():
+        return MyStore  # called with keyword settings: clock, max_deliveries, ...
+
 The tests use only the public protocols and the orchestration functions, so
 an application's own store runs the same suite as the bundled backends.
 """
@@ -24,7 +28,9 @@ from dagwerk.testing.contract_finalisation import *  # noqa: F403
 from dagwerk.testing.contract_orchestration import *  # noqa: F403
 from dagwerk.testing.contract_outbox import *  # noqa: F403
 from dagwerk.testing.contract_policies import *  # noqa: F403
+from dagwerk.testing.contract_queue import *  # noqa: F403
 from dagwerk.testing.contract_retry import *  # noqa: F403
+from dagwerk.testing.contract_round2 import *  # noqa: F403
 from dagwerk.testing.contract_snapshots import *  # noqa: F403
 from dagwerk.testing.contract_states import *  # noqa: F403
 from dagwerk.testing.contract_waiting import *  # noqa: F403

@@ -17,7 +17,14 @@ from itertools import count
 
 from dagwerk.constants import NodeDisposition, RunStatus, TaskStatus
 from dagwerk.limits import DEFAULT_LIMITS, Limits
-from dagwerk.store import DeadLetter, Delivery, InvalidStoreValueError, TaskRecoveryResult
+from dagwerk.store import (
+    AttemptRecord,
+    DeadLetter,
+    Delivery,
+    InvalidStoreValueError,
+    TaskAttemptRef,
+    TaskRecoveryResult,
+)
 from dagwerk.topology import RunTopology
 from dagwerk.transitions import check_task_transition
 
@@ -55,6 +62,10 @@ class MemoryStoreBase:
         self.default_priority = default_priority
         self._clock = clock
         self._lock = threading.RLock()
+        # Notified on every new or released queue row: wakes waiting dequeues.
+        self._work = threading.Condition(self._lock)
+        # Tasks crashed by dead-lettering, until take_dead_lettered drains them.
+        self._dead_lettered: list[TaskAttemptRef] = []
         self._runs: dict[str, RunState] = {}
         self._tasks: dict[str, TaskState] = {}
         # (task_id, wait_id) -> record; kept after resolution and invalidation (WT-16).
@@ -133,8 +144,16 @@ class MemoryStoreBase:
             elif old in _FAILURES:
                 run.failed_tasks.pop(task.task_id, None)
 
-    def _enqueue(self, run: RunState, task: TaskState) -> None:
-        """Write the outbox row for the task's current attempt."""
+    def _enqueue(
+        self,
+        run: RunState,
+        task: TaskState,
+        *,
+        available_at: float | None = None,
+        delivery_count: int = 0,
+    ) -> None:
+        """Write the outbox row for the task's current attempt, on the node's
+        queue with the node's priority (the store's defaults when unset)."""
         delivery = Delivery(
             delivery_id=uuid.uuid4().hex,
             task_id=task.task_id,
@@ -144,22 +163,54 @@ class MemoryStoreBase:
             node_index=task.node_index,
             launch_id=task.launch_id,
         )
+        node = run.nodes[task.node_index]
         self._deliveries[delivery.delivery_id] = delivery
         self._task_rows.setdefault(task.task_id, []).append(delivery.delivery_id)
         self._queue[delivery.delivery_id] = QueueRow(
             seq=self._next_seq(),
-            queue=self.default_queue,
-            priority=self.default_priority,
-            available_at=float(self._clock()),
+            queue=node.queue if node.queue != "default" else self.default_queue,
+            priority=node.priority if node.priority else self.default_priority,
+            available_at=float(self._clock()) if available_at is None else available_at,
+            delivery_count=delivery_count,
         )
+        self._work.notify_all()
 
-    def _replace_attempt(self, run: RunState, task: TaskState) -> str:
-        """A new QUEUED attempt with its outbox row, in the caller's transaction."""
+    def _replace_attempt(
+        self,
+        run: RunState,
+        task: TaskState,
+        *,
+        outcome: TaskStatus | None = None,
+        error: str | None = None,
+        resumed_from: str | None = None,
+        available_at: float | None = None,
+        delivery_count: int = 0,
+    ) -> str:
+        """A new QUEUED attempt with its outbox row, in the caller's transaction.
+
+        The replaced attempt is archived with ``outcome`` (default: the task's
+        status) and ``error`` (default: the task's error).
+        """
+        task.past_attempts.append(
+            AttemptRecord(
+                attempt_id=task.attempt_id,
+                number=task.attempt_number,
+                status=outcome if outcome is not None else task.status,
+                error=error if error is not None else task.error,
+                worker_id=task.worker_id,
+                resumed_from_wait_id=task.resumed_from_wait_id,
+            )
+        )
+        if resumed_from is not None:
+            task.resumed_from_wait_id = resumed_from
         task.attempt_id = self._new_attempt_id()
+        task.attempt_number += 1
+        task.worker_id = None
         task.error = None
         task.failure = None
-        self._set_status(run, task, TaskStatus.QUEUED)
-        self._enqueue(run, task)
+        if task.status is not TaskStatus.QUEUED:
+            self._set_status(run, task, TaskStatus.QUEUED)
+        self._enqueue(run, task, available_at=available_at, delivery_count=delivery_count)
         return task.attempt_id
 
     def _drop_rows(self, task_id: str) -> None:

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import time
 import uuid
 from collections.abc import Sequence
 from dataclasses import replace
@@ -13,6 +14,8 @@ from dagwerk.store import (
     Delivery,
     InvalidStoreValueError,
     LeasedDelivery,
+    TaskAttemptRef,
+    TaskFailureResult,
     validate_queue_names,
     validate_seconds,
     validate_worker_id,
@@ -33,35 +36,65 @@ class QueueMixin(MemoryStoreBase):
         limit: int,
         lease_seconds: float,
         queues: Sequence[str] | None = None,
+        wait_seconds: float = 0.0,
     ) -> list[LeasedDelivery]:
         validate_worker_id(worker_id)
         if type(limit) is not int or limit < 1:
             raise InvalidStoreValueError("limit must be an int >= 1", field="limit")
         lease = validate_seconds(lease_seconds, "lease_seconds", positive=True)
         names = validate_queue_names(queues)
+        patience = validate_seconds(wait_seconds, "wait_seconds", positive=False)
+        deadline = time.monotonic() + patience
         with self._lock:
-            now = float(self._clock())
-            candidates = sorted(
-                (
-                    (row.priority, row.available_at, row.seq, delivery_id)
-                    for delivery_id, row in self._queue.items()
-                    if row.available_at <= now and (names is None or row.queue in names)
-                ),
-                key=lambda item: (-item[0], item[1], item[2]),
-            )
-            leased: list[LeasedDelivery] = []
-            for *_, delivery_id in candidates:
-                if len(leased) == limit:
-                    break
-                row = self._queue[delivery_id]
-                if row.delivery_count >= self.max_deliveries:
-                    self._bury(delivery_id, MAX_DELIVERIES_REASON, now)
-                    continue
-                row.lease_owner = worker_id
-                row.lease_expires_at = row.available_at = now + lease
-                row.delivery_count += 1
-                leased.append(_leased(self._deliveries[delivery_id], row, worker_id))
-            return leased
+            while True:
+                leased = self._lease(worker_id, limit, lease, names)
+                remaining = deadline - time.monotonic()
+                if leased or remaining <= 0:
+                    return leased
+                # Woken by an enqueue or release; a delayed row becomes
+                # available without a notification, so the wait is sliced.
+                self._work.wait(min(remaining, 0.05))
+
+    def take_dead_lettered(self) -> list[TaskAttemptRef]:
+        with self._lock:
+            taken, self._dead_lettered = self._dead_lettered, []
+            return taken
+
+    def _lease(
+        self, worker_id: str, limit: int, lease: float, names: list[str] | None
+    ) -> list[LeasedDelivery]:
+        now = float(self._clock())
+        candidates = sorted(
+            (
+                (row.priority, row.available_at, row.seq, delivery_id)
+                for delivery_id, row in self._queue.items()
+                if row.available_at <= now and (names is None or row.queue in names)
+            ),
+            key=lambda item: (-item[0], item[1], item[2]),
+        )
+        leased: list[LeasedDelivery] = []
+        for *_, delivery_id in candidates:
+            if len(leased) == limit:
+                break
+            row = self._queue[delivery_id]
+            if row.delivery_count >= self.max_deliveries:
+                self._bury(delivery_id, MAX_DELIVERIES_REASON, now, crash=True)
+                continue
+            row.lease_owner = worker_id
+            row.lease_expires_at = row.available_at = now + lease
+            row.delivery_count += 1
+            delivery = self._deliveries[delivery_id]
+            task = self._tasks.get(delivery.task_id)
+            if (
+                task is not None
+                and task.attempt_id == delivery.attempt_id
+                and task.status is TaskStatus.QUEUED
+            ):
+                # The worker that may claim it; a reclaiming lease keeps the
+                # worker that lost the attempt.
+                task.worker_id = worker_id
+            leased.append(_leased(delivery, row, worker_id))
+        return leased
 
     def ack(self, delivery_id: str, worker_id: str) -> bool:
         validate_worker_id(worker_id)
@@ -95,6 +128,7 @@ class QueueMixin(MemoryStoreBase):
             row.lease_owner = None
             row.lease_expires_at = None
             row.available_at = now + wait
+            self._work.notify_all()
             return True
 
     def extend_lease(self, delivery_id: str, worker_id: str, lease_seconds: float) -> bool:
@@ -138,27 +172,54 @@ class QueueMixin(MemoryStoreBase):
                 or task.status not in _REINJECTABLE
             ):
                 return None
-            # Only the fresh attempt may be offered from now on.
+            # Only the fresh attempt may be offered from now on, with a fresh
+            # delivery budget.
             self._drop_rows(task.task_id)
-            if task.status is TaskStatus.QUEUED:
-                # Same status, new attempt: the old attempt can no longer claim.
-                task.attempt_id = self._new_attempt_id()
-                task.error = None
-                task.failure = None
-                self._enqueue(run, task)
-                new_attempt = task.attempt_id
-            else:
-                new_attempt = self._replace_attempt(run, task)
+            task.lost_deliveries = 0
+            outcome = (
+                TaskStatus.CANCELLED if task.status is TaskStatus.QUEUED else TaskStatus.CRASHED
+            )
+            new_attempt = self._replace_attempt(
+                run, task, outcome=outcome, error=task.error or f"dead-lettered: {letter.reason}"
+            )
             self._bump(run, task.node_index)
             self._dead_letters[dead_letter_id] = _replace_letter(letter, new_attempt)
             return new_attempt
 
-    def _bury(self, delivery_id: str, reason: str, now: float) -> None:
+    def _bury(self, delivery_id: str, reason: str, now: float, *, crash: bool = False) -> None:
+        """Park one row; with ``crash`` its task, when the row's attempt is still
+        current and unfinished, becomes CRASHED in the same commit."""
         row = self._queue[delivery_id]
         delivery = self._remove_row(delivery_id)
         assert delivery is not None
         letter = _dead_letter(delivery, row, reason, now)
         self._dead_letters[letter.dead_letter_id] = letter
+        if crash:
+            self._crash_dead_lettered(delivery, reason)
+
+    def _crash_dead_lettered(self, delivery: Delivery, reason: str) -> None:
+        task = self._tasks.get(delivery.task_id)
+        if task is None or task.attempt_id != delivery.attempt_id:
+            return
+        run = self._owned(task)
+        if (
+            run is None
+            or run.status is not RunStatus.RUNNING
+            or task.status not in (TaskStatus.QUEUED, TaskStatus.RUNNING)
+        ):
+            return
+        task.error = f"dead-lettered: {reason}"
+        self._set_status(run, task, TaskStatus.CRASHED)
+        self._bump(run, task.node_index)
+        task.failure = TaskFailureResult(
+            task_id=task.task_id,
+            attempt_id=task.attempt_id,
+            run_id=run.run_id,
+            node_index=task.node_index,
+            generation=task.generation,
+            status=TaskStatus.CRASHED,
+        )
+        self._dead_lettered.append(TaskAttemptRef(task.task_id, task.attempt_id))
 
 
 def _leased(delivery: Delivery, row: QueueRow, worker_id: str) -> LeasedDelivery:

@@ -18,6 +18,7 @@ from dagwerk.models import DagNode
 from dagwerk.store import (
     InvalidStoreValueError,
     NodeLaunchRef,
+    RerunRefusedError,
     RunActivity,
     RunRecord,
     RunReopenResult,
@@ -67,7 +68,11 @@ class RunsMixin(MemoryStoreBase):
                     f"run input exceeds the {limit}-byte limit", field="run_input", limit=limit
                 )
             self._runs[run_id] = RunState(
-                run_id=run_id, nodes=tuple(copies), run_input=frozen, failure_policy=policy
+                run_id=run_id,
+                nodes=tuple(copies),
+                run_input=frozen,
+                failure_policy=policy,
+                created_at=float(self._clock()),
             )
             return True
 
@@ -84,17 +89,23 @@ class RunsMixin(MemoryStoreBase):
     def get_run(self, run_id: str) -> RunRecord | None:
         with self._lock:
             run = self._runs.get(run_id)
-            if run is None:
-                return None
-            return RunRecord(
-                run_id=run.run_id,
-                status=run.status,
-                failure_policy=run.failure_policy,
-                retry_count=run.retry_count,
-                error=run.error,
-                node_count=len(run.nodes),
-                settled_nodes=run.settled_nodes,
-            )
+            return None if run is None else _run_record(run)
+
+    def list_runs(self, *, status: RunStatus | None = None, limit: int = 50) -> list[RunRecord]:
+        if type(limit) is not int or limit < 1:
+            raise InvalidStoreValueError("limit must be an int >= 1", field="limit")
+        wanted = None if status is None else RunStatus(status)
+        with self._lock:
+            found: list[RunRecord] = []
+            # Creation order is insertion order; the newest come first.
+            for run in sorted(
+                reversed(self._runs.values()), key=lambda r: r.created_at, reverse=True
+            ):
+                if wanted is None or run.status is wanted:
+                    found.append(_run_record(run))
+                    if len(found) == limit:
+                        break
+            return found
 
     def get_run_activity(self, run_id: str) -> RunActivity | None:
         with self._lock:
@@ -233,6 +244,7 @@ class RunsMixin(MemoryStoreBase):
         run.status = status
         run.error = error
         run.epoch += 1
+        run.finished_at = float(self._clock())
 
     # -- run retry ---------------------------------------------------------------
 
@@ -273,6 +285,43 @@ class RunsMixin(MemoryStoreBase):
             run.error = None
             run.retry_count += 1
             run.epoch += 1
+            run.finished_at = None
+            return RunReopenResult(
+                affected_nodes=tuple(affected),
+                retry_count=run.retry_count,
+                generations={index: run.generations[index] for index in affected},
+            )
+
+    def try_rerun_nodes(self, run_id: str, node_indices: tuple[int, ...]) -> RunReopenResult | None:
+        with self._lock:
+            run = self._runs.get(run_id)
+            if run is None or run.status is RunStatus.PENDING:
+                return None
+            count = len(run.nodes)
+            indices = tuple(node_indices)
+            if not indices or any(type(i) is not int or not 0 <= i < count for i in indices):
+                return None
+            affected = sorted(self._topology(run).downstream_closure(list(indices)))
+            for index in affected:
+                launch = run.launches.get(index)
+                if launch is None:
+                    continue
+                for task_id in launch.task_ids:
+                    if self._tasks[task_id].status is TaskStatus.RUNNING:
+                        raise RerunRefusedError(
+                            f"node {index} has a running task {task_id!r}; "
+                            "stop it before re-running",
+                            field="node_indices",
+                        )
+            for index in affected:
+                self._invalidate_node(run, index)
+            if run.status is not RunStatus.RUNNING:
+                check_run_transition(run.status, RunStatus.RUNNING)
+                run.status = RunStatus.RUNNING
+                run.error = None
+                run.finished_at = None
+            run.retry_count += 1
+            run.epoch += 1
             return RunReopenResult(
                 affected_nodes=tuple(affected),
                 retry_count=run.retry_count,
@@ -295,6 +344,20 @@ class RunsMixin(MemoryStoreBase):
             run.outputs[output_id].invalidated = True
         run.generations[index] += 1
         self._bump(run, index)
+
+
+def _run_record(run: RunState) -> RunRecord:
+    return RunRecord(
+        run_id=run.run_id,
+        status=run.status,
+        failure_policy=run.failure_policy,
+        retry_count=run.retry_count,
+        error=run.error,
+        node_count=len(run.nodes),
+        settled_nodes=run.settled_nodes,
+        created_at=run.created_at,
+        finished_at=run.finished_at,
+    )
 
 
 def _terminal_status(status: object) -> RunStatus:

@@ -10,9 +10,10 @@ from dataclasses import dataclass, field
 from enum import Enum
 
 from dagwerk.constants import FailurePolicy, NodeDisposition, RunStatus, TaskStatus
-from dagwerk.json import FrozenDict
+from dagwerk.json import FrozenDict, JsonValue
 from dagwerk.models import DagNode, NodeLaunch, OutputRef, ResolvedOutput, TaskInputPlan
 from dagwerk.store import (
+    AttemptRecord,
     TaskCompletionResult,
     TaskFailureResult,
     TaskResumeResult,
@@ -90,6 +91,13 @@ class TaskState:
     wait_ids: set[str] = field(default_factory=set)
     completion: TaskCompletionResult | None = None
     failure: TaskFailureResult | None = None
+    attempt_number: int = 1
+    # The worker that last leased a delivery of the current attempt.
+    worker_id: str | None = None
+    # Attempts lost with their worker (recoveries); a recovered attempt's row
+    # starts its delivery count here so poison tasks still dead-letter.
+    lost_deliveries: int = 0
+    past_attempts: list[AttemptRecord] = field(default_factory=list)
 
 
 @dataclass(slots=True)
@@ -101,6 +109,7 @@ class WaitRecord:
     state: WaitState
     result: TaskWaitResult
     resume: TaskResumeResult | None = None
+    response: JsonValue | None = None
 
 
 @dataclass(slots=True)
@@ -126,6 +135,8 @@ class RunState:
     counts: dict[TaskStatus, int] = field(default_factory=lambda: dict.fromkeys(TaskStatus, 0))
     # Active FAILED/CRASHED tasks -> creation sequence, for the failure policies.
     failed_tasks: dict[str, int] = field(default_factory=dict)
+    created_at: float = 0.0
+    finished_at: float | None = None
 
     def __post_init__(self) -> None:
         count = len(self.nodes)

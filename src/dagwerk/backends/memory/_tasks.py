@@ -5,10 +5,11 @@ from __future__ import annotations
 
 from dagwerk.constants import RunStatus, TaskStatus
 from dagwerk.errors import PlanningError
-from dagwerk.json import bounded_json_size
+from dagwerk.json import JsonValue, bounded_json_size, freeze_json
 from dagwerk.models import EmittedOutput, OutputRef, ResolvedOutput
 from dagwerk.planning import correlation_id_for_output
 from dagwerk.store import (
+    AttemptRecord,
     Delivery,
     InvalidStoreValueError,
     OutputPublicationError,
@@ -21,6 +22,7 @@ from dagwerk.store import (
     TaskWaitResult,
     validate_output_batch_routing_size,
     validate_output_batch_size,
+    validate_seconds,
     validate_wait_id,
 )
 
@@ -42,6 +44,24 @@ def _record(task: TaskState) -> TaskRecord:
         resumed_from_wait_id=task.resumed_from_wait_id,
         active_wait_id=task.active_wait_id,
         invalidated=task.invalidated,
+        attempt_number=task.attempt_number,
+    )
+
+
+_OUTCOMES = frozenset(
+    {TaskStatus.COMPLETED, TaskStatus.FAILED, TaskStatus.CRASHED, TaskStatus.CANCELLED}
+)
+LOST_ATTEMPT_ERROR = "attempt lost: its worker stopped renewing the lease"
+
+
+def current_attempt(task: TaskState) -> AttemptRecord:
+    return AttemptRecord(
+        attempt_id=task.attempt_id,
+        number=task.attempt_number,
+        status=task.status if task.status in _OUTCOMES else None,
+        error=task.error,
+        worker_id=task.worker_id,
+        resumed_from_wait_id=task.resumed_from_wait_id,
     )
 
 
@@ -60,6 +80,13 @@ class TasksMixin(MemoryStoreBase):
                 return []
             tasks = (self._tasks[task_id] for task_id in run.task_ids)
             return [_record(t) for t in tasks if include_invalidated or not t.invalidated]
+
+    def list_attempts(self, task_id: str) -> list[AttemptRecord]:
+        with self._lock:
+            task = self._tasks.get(task_id)
+            if task is None:
+                return []
+            return [*task.past_attempts, current_attempt(task)]
 
     def list_deliveries(self, run_id: str | None = None) -> list[Delivery]:
         with self._lock:
@@ -121,7 +148,14 @@ class TasksMixin(MemoryStoreBase):
             if found is None:
                 return None
             run, task = found
-            new_attempt = self._replace_attempt(run, task)
+            task.lost_deliveries += 1
+            new_attempt = self._replace_attempt(
+                run,
+                task,
+                outcome=TaskStatus.CRASHED,
+                error=LOST_ATTEMPT_ERROR,
+                delivery_count=min(task.lost_deliveries, self.max_deliveries),
+            )
             result = TaskRecoveryResult(
                 task_id=task.task_id,
                 abandoned_attempt_id=expected_attempt_id,
@@ -304,6 +338,25 @@ class TasksMixin(MemoryStoreBase):
             self._bump(run, task.node_index)
             return new_attempt
 
+    def try_fail_task_with_retry(
+        self, task_id: str, error: str, *, expected_attempt_id: str, available_at: float
+    ) -> str | None:
+        if not isinstance(error, str):
+            raise InvalidStoreValueError("error must be a string", field="error")
+        when = validate_seconds(available_at, "available_at", positive=False)
+        with self._lock:
+            found = self._current_running(task_id, expected_attempt_id)
+            if found is None:
+                return None
+            run, task = found
+            # The failure and the reservation are one commit: the task goes
+            # RUNNING -> QUEUED directly, so no finaliser ever sees it FAILED.
+            new_attempt = self._replace_attempt(
+                run, task, outcome=TaskStatus.FAILED, error=error, available_at=when
+            )
+            self._bump(run, task.node_index)
+            return new_attempt
+
     # -- waiting -------------------------------------------------------------------------
 
     def try_wait_task(
@@ -349,9 +402,21 @@ class TasksMixin(MemoryStoreBase):
             )
             return result
 
+    def get_wait_response(self, task_id: str, wait_id: str) -> JsonValue | None:
+        with self._lock:
+            record = self._waits.get((task_id, wait_id))
+            return None if record is None else record.response
+
     def try_resume_task(
-        self, task_id: str, wait_id: str, *, expected_attempt_id: str, expected_generation: int
+        self,
+        task_id: str,
+        wait_id: str,
+        *,
+        expected_attempt_id: str,
+        expected_generation: int,
+        response: object = None,
     ) -> TaskResumeResult | None:
+        frozen = freeze_json(response)
         with self._lock:
             validate_wait_id(wait_id)
             record = self._waits.get((task_id, wait_id))
@@ -377,9 +442,9 @@ class TasksMixin(MemoryStoreBase):
             ):
                 return None
             task.active_wait_id = None
-            task.resumed_from_wait_id = wait_id
-            new_attempt = self._replace_attempt(run, task)
+            new_attempt = self._replace_attempt(run, task, resumed_from=wait_id)
             record.state = WaitState.RESOLVED
+            record.response = frozen
             record.resume = TaskResumeResult(
                 task_id=task_id,
                 waiting_attempt_id=expected_attempt_id,

@@ -12,6 +12,7 @@ transition table and compare-and-sets on (status, attempt).
 from __future__ import annotations
 
 import json
+import threading
 import time
 import uuid
 from collections.abc import Callable
@@ -21,7 +22,7 @@ from dagwerk.constants import TaskStatus
 from dagwerk.json import FrozenDict, JsonValue, freeze_json, freeze_object, thaw_json
 from dagwerk.limits import DEFAULT_LIMITS, Limits
 from dagwerk.models import DagNode
-from dagwerk.store import InvalidStoreValueError, StoreContractError
+from dagwerk.store import InvalidStoreValueError, StoreContractError, TaskAttemptRef
 from dagwerk.topology import RunTopology
 from dagwerk.transitions import check_task_transition
 
@@ -75,6 +76,10 @@ class SqlStoreBase:
         # per run for the store's lifetime (runs are never deleted).
         self._nodes_cache: dict[str, tuple[DagNode, ...]] = {}
         self._topologies: dict[str, RunTopology] = {}
+        # Tasks this process's dequeues crashed by dead-lettering (drained by
+        # take_dead_lettered); appended only after the commit.
+        self._dead_lettered: list[TaskAttemptRef] = []
+        self._dead_lettered_lock = threading.Lock()
 
     # -- identities and time --------------------------------------------------
 
@@ -150,8 +155,30 @@ class SqlStoreBase:
             # The write lock is held, so this means a bug, not a race.
             raise StoreContractError(f"task {task['task_id']!r} changed under the write lock")
 
-    def _enqueue(self, tx: Tx, task: Row, attempt_id: str) -> None:
+    def _route(self, tx: Tx, run_id: str, node_index: int) -> tuple[str | None, int | None]:
+        """The node's own queue and priority; ``None`` keeps the run's default."""
+        nodes = self._nodes_cache.get(run_id)
+        if nodes is None:
+            run = tx.one("run_get", {"run_id": run_id})
+            assert run is not None
+            nodes = self._nodes(run)
+        node = nodes[node_index]
+        return (
+            node.queue if node.queue != "default" else None,
+            node.priority if node.priority else None,
+        )
+
+    def _enqueue(
+        self,
+        tx: Tx,
+        task: Row,
+        attempt_id: str,
+        *,
+        available_at: float | None = None,
+        delivery_count: int = 0,
+    ) -> None:
         """Write the outbox (queue) row for ``attempt_id`` of ``task``."""
+        queue, priority = self._route(tx, task["run_id"], task["node_index"])
         tx.run(
             "delivery_insert",
             {
@@ -162,19 +189,43 @@ class SqlStoreBase:
                 "run_id": task["run_id"],
                 "node_index": task["node_index"],
                 "launch_id": task["launch_id"],
-                "now": self._now(),
+                "queue": queue,
+                "priority": priority,
+                "now": self._now() if available_at is None else available_at,
+                "delivery_count": delivery_count,
             },
         )
 
-    def _replace_attempt(self, tx: Tx, task: Row, *, resumed_from: str | None = None) -> str:
+    def _replace_attempt(
+        self,
+        tx: Tx,
+        task: Row,
+        *,
+        resumed_from: str | None = None,
+        outcome: TaskStatus | None = None,
+        error: str | None = None,
+        available_at: float | None = None,
+        delivery_count: int = 0,
+        lost_deliveries: int | None = None,
+    ) -> str:
         """A new QUEUED attempt with its outbox row, in the caller's transaction.
 
-        The plan, generation and (unless ``resumed_from`` is given) the
-        resumed-from wait stay.
+        The replaced attempt is archived with ``outcome`` (default: the task's
+        status) and ``error`` (default: the task's error). The plan,
+        generation and (unless ``resumed_from`` is given) the resumed-from
+        wait stay.
         """
         old = TaskStatus(task["status"])
         if old is not TaskStatus.QUEUED:
             check_task_transition(old, TaskStatus.QUEUED)
+        tx.run(
+            "attempt_archive",
+            {
+                "task_id": task["task_id"],
+                "status": (outcome or old).value,
+                "error": error,
+            },
+        )
         attempt_id = self._new_id()
         changed = tx.run(
             "task_replace_attempt",
@@ -184,11 +235,14 @@ class SqlStoreBase:
                 "old_attempt": task["attempt_id"],
                 "attempt_id": attempt_id,
                 "resumed_from": resumed_from,
+                "lost_deliveries": lost_deliveries,
             },
         )
         if changed != 1:
             raise StoreContractError(f"task {task['task_id']!r} changed under the write lock")
-        self._enqueue(tx, task, attempt_id)
+        self._enqueue(
+            tx, task, attempt_id, available_at=available_at, delivery_count=delivery_count
+        )
         return attempt_id
 
     @staticmethod

@@ -213,7 +213,20 @@ class LaunchesMixin(SqlStoreBase):
             if rows:
                 now = self._now()
                 tx.many("task_insert", rows)
-                tx.many("delivery_insert", ({**row, "now": now} for row in rows))
+                queue, priority = self._route(tx, run_id, node_index)
+                tx.many(
+                    "delivery_insert",
+                    (
+                        {
+                            **row,
+                            "now": now,
+                            "queue": queue,
+                            "priority": priority,
+                            "delivery_count": 0,
+                        }
+                        for row in rows
+                    ),
+                )
             self._bump(tx, run_id, node_index)
             launch = tx.one("launch_active", {"run_id": run_id, "node_index": node_index})
             assert launch is not None

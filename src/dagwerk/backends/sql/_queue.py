@@ -8,6 +8,7 @@ comparison finds every deliverable row.
 from __future__ import annotations
 
 import json
+import time
 from collections.abc import Sequence
 
 from dagwerk.constants import TaskStatus
@@ -15,6 +16,7 @@ from dagwerk.store import (
     DeadLetter,
     InvalidStoreValueError,
     LeasedDelivery,
+    TaskAttemptRef,
     validate_queue_names,
     validate_seconds,
     validate_worker_id,
@@ -34,15 +36,42 @@ class QueueMixin(SqlStoreBase):
         limit: int,
         lease_seconds: float,
         queues: Sequence[str] | None = None,
+        wait_seconds: float = 0.0,
     ) -> list[LeasedDelivery]:
         validate_worker_id(worker_id)
         if type(limit) is not int or limit < 1:
             raise InvalidStoreValueError("limit must be an int >= 1", field="limit")
         lease = validate_seconds(lease_seconds, "lease_seconds", positive=True)
         names = validate_queue_names(queues)
+        patience = validate_seconds(wait_seconds, "wait_seconds", positive=False)
         if names == []:
             return []
         queue_filter = None if names is None else json.dumps(names)
+        deadline = time.monotonic() + patience
+        # A gateway that can be notified (``work_epoch``/``wait_for_work``)
+        # wakes at once on a local enqueue; the fallback is a short poll.
+        epoch_of = getattr(self._gw, "work_epoch", None)
+        waiter = getattr(self._gw, "wait_for_work", None)
+        while True:
+            epoch = epoch_of() if epoch_of is not None else None
+            leased = self._lease(worker_id, limit, lease, queue_filter)
+            remaining = deadline - time.monotonic()
+            if leased or remaining <= 0:
+                return leased
+            if waiter is not None:
+                waiter(remaining, epoch)
+            else:
+                time.sleep(min(remaining, 0.05))
+
+    def take_dead_lettered(self) -> list[TaskAttemptRef]:
+        with self._dead_lettered_lock:
+            taken, self._dead_lettered = self._dead_lettered, []
+            return taken
+
+    def _lease(
+        self, worker_id: str, limit: int, lease: float, queue_filter: str | None
+    ) -> list[LeasedDelivery]:
+        crashed: list[TaskAttemptRef] = []
         with self._gw.write() as tx:
             now = self._now()
             leased: list[LeasedDelivery] = []
@@ -58,6 +87,8 @@ class QueueMixin(SqlStoreBase):
                         # Dead-lettered rows leave the candidate set, so the
                         # loop always makes progress.
                         self._bury(tx, row, MAX_DELIVERIES_REASON, now)
+                        if self._crash_dead_lettered(tx, row, MAX_DELIVERIES_REASON):
+                            crashed.append(TaskAttemptRef(row["task_id"], row["attempt_id"]))
                         continue
                     expires = now + lease
                     tx.run(
@@ -68,8 +99,43 @@ class QueueMixin(SqlStoreBase):
                             "expires": expires,
                         },
                     )
+                    tx.run(
+                        "task_set_worker",
+                        {
+                            "task_id": row["task_id"],
+                            "attempt_id": row["attempt_id"],
+                            "worker_id": worker_id,
+                        },
+                    )
                     leased.append(_leased(row, worker_id, expires))
-            return leased
+        if crashed:
+            # Reported only once committed: a rollback crashed nothing.
+            with self._dead_lettered_lock:
+                self._dead_lettered.extend(crashed)
+        return leased
+
+    def _crash_dead_lettered(self, tx: Tx, row: Row, reason: str) -> bool:
+        """Crash the row's task when its attempt is still current and unfinished
+        in an active launch of a RUNNING run; whether it did."""
+        task = self._task(tx, row["task_id"])
+        if (
+            task is None
+            or not task["owned"]
+            or task["run_status"] != "running"
+            or task["attempt_id"] != row["attempt_id"]
+            or task["status"] not in (TaskStatus.QUEUED.value, TaskStatus.RUNNING.value)
+        ):
+            return False
+        tx.run(
+            "task_crash_dead_lettered",
+            {
+                "task_id": row["task_id"],
+                "attempt_id": row["attempt_id"],
+                "error": f"dead-lettered: {reason}",
+            },
+        )
+        self._bump(tx, task["run_id"], task["node_index"])
+        return True
 
     def ack(self, delivery_id: str, worker_id: str) -> bool:
         validate_worker_id(worker_id)
@@ -139,7 +205,14 @@ class QueueMixin(SqlStoreBase):
             # Any other row of the old attempt is dropped: only the fresh
             # attempt may be offered from now on.
             tx.run("deliveries_drop_task", {"task_id": task["task_id"]})
-            new_attempt = self._replace_attempt(tx, task)
+            queued = task["status"] == TaskStatus.QUEUED.value
+            new_attempt = self._replace_attempt(
+                tx,
+                task,
+                outcome=TaskStatus.CANCELLED if queued else TaskStatus.CRASHED,
+                error=task["error"] or f"dead-lettered: {letter['reason']}",
+                lost_deliveries=0,
+            )
             changed = tx.run(
                 "dead_letter_mark_reinjected",
                 {"dead_letter_id": dead_letter_id, "attempt_id": new_attempt},

@@ -19,6 +19,7 @@ from dagwerk.models import DagNode
 from dagwerk.store import (
     InvalidStoreValueError,
     NodeLaunchRef,
+    RerunRefusedError,
     RunActivity,
     RunRecord,
     RunReopenResult,
@@ -79,6 +80,7 @@ class RunsMixin(SqlStoreBase):
                     "node_count": len(dumped),
                     "queue": self.default_queue,
                     "priority": self.default_priority,
+                    "now": self._now(),
                 },
             )
             if inserted != 1:
@@ -104,17 +106,15 @@ class RunsMixin(SqlStoreBase):
     def get_run(self, run_id: str) -> RunRecord | None:
         with self._gw.read() as tx:
             row = tx.one("run_record", {"run_id": run_id})
-            if row is None:
-                return None
-            return RunRecord(
-                run_id=row["run_id"],
-                status=RunStatus(row["status"]),
-                failure_policy=FailurePolicy(row["failure_policy"]),
-                retry_count=row["retry_count"],
-                error=row["error"],
-                node_count=row["node_count"],
-                settled_nodes=row["settled_nodes"],
-            )
+            return None if row is None else _run_record(row)
+
+    def list_runs(self, *, status: RunStatus | None = None, limit: int = 50) -> list[RunRecord]:
+        if type(limit) is not int or limit < 1:
+            raise InvalidStoreValueError("limit must be an int >= 1", field="limit")
+        wanted = None if status is None else RunStatus(status).value
+        with self._gw.read() as tx:
+            rows = tx.all("runs_list", {"status": wanted, "limit": limit})
+            return [_run_record(row) for row in rows]
 
     def get_run_activity(self, run_id: str) -> RunActivity | None:
         with self._gw.read() as tx:
@@ -262,7 +262,13 @@ class RunsMixin(SqlStoreBase):
         self._stop_active_tasks(tx, run["run_id"], None)
         tx.run(
             "run_terminate",
-            {"run_id": run["run_id"], "old": old.value, "new": status.value, "error": error},
+            {
+                "run_id": run["run_id"],
+                "old": old.value,
+                "new": status.value,
+                "error": error,
+                "now": self._now(),
+            },
         )
 
     # -- run retry -------------------------------------------------------------------
@@ -316,6 +322,39 @@ class RunsMixin(SqlStoreBase):
                 generations={index: generations[index] for index in affected},
             )
 
+    def try_rerun_nodes(self, run_id: str, node_indices: tuple[int, ...]) -> RunReopenResult | None:
+        indices = tuple(node_indices)
+        with self._gw.write() as tx:
+            run = tx.one("run_get", {"run_id": run_id})
+            if run is None or run["status"] == RunStatus.PENDING.value:
+                return None
+            count = run["node_count"]
+            if not indices or any(type(i) is not int or not 0 <= i < count for i in indices):
+                return None
+            affected = sorted(self._topology(run).downstream_closure(list(indices)))
+            running = tx.all(
+                "tasks_running_in_nodes", {"run_id": run_id, "nodes": json.dumps(affected)}
+            )
+            if running:
+                raise RerunRefusedError(
+                    f"node {running[0]['node_index']} has a running task "
+                    f"{running[0]['task_id']!r}; stop it before re-running",
+                    field="node_indices",
+                )
+            for index in affected:
+                self._invalidate_node(tx, run_id, index)
+            old = RunStatus(run["status"])
+            if old is not RunStatus.RUNNING:
+                check_run_transition(old, RunStatus.RUNNING)
+            tx.run("run_rerun", {"run_id": run_id})
+            rows = tx.all("nodes_of_run", {"run_id": run_id})
+            generations = {row["node_index"]: row["generation"] for row in rows}
+            return RunReopenResult(
+                affected_nodes=tuple(affected),
+                retry_count=run["retry_count"] + 1,
+                generations={index: generations[index] for index in affected},
+            )
+
     def _invalidate_node(self, tx: Tx, run_id: str, index: int) -> None:
         """Retire the node's active generation as a unit (RT-06)."""
         self._stop_active_tasks(tx, run_id, index)
@@ -325,6 +364,20 @@ class RunsMixin(SqlStoreBase):
         # The IDs stay reserved; the outputs stop resolving (TI-03).
         tx.run("outputs_invalidate_node", params)
         tx.run("node_advance_generation", params)
+
+
+def _run_record(row: Row) -> RunRecord:
+    return RunRecord(
+        run_id=row["run_id"],
+        status=RunStatus(row["status"]),
+        failure_policy=FailurePolicy(row["failure_policy"]),
+        retry_count=row["retry_count"],
+        error=row["error"],
+        node_count=row["node_count"],
+        settled_nodes=row["settled_nodes"],
+        created_at=row["created_at"],
+        finished_at=row["finished_at"],
+    )
 
 
 def _complete(launch: Row) -> bool:

@@ -11,6 +11,7 @@ from dagwerk.json import bounded_json_size
 from dagwerk.models import EmittedOutput, TaskInputPlan
 from dagwerk.planning import correlation_id_for_output
 from dagwerk.store import (
+    AttemptRecord,
     Delivery,
     InvalidStoreValueError,
     OutputPublicationError,
@@ -21,6 +22,7 @@ from dagwerk.store import (
     TaskRecoveryResult,
     validate_output_batch_routing_size,
     validate_output_batch_size,
+    validate_seconds,
 )
 from dagwerk.transitions import check_task_transition
 
@@ -42,6 +44,24 @@ def task_record(row: Row) -> TaskRecord:
         resumed_from_wait_id=row["resumed_from_wait_id"],
         active_wait_id=row["active_wait_id"],
         invalidated=bool(row["invalidated"]),
+        attempt_number=row["attempt_number"],
+    )
+
+
+_OUTCOMES = frozenset(
+    {TaskStatus.COMPLETED, TaskStatus.FAILED, TaskStatus.CRASHED, TaskStatus.CANCELLED}
+)
+LOST_ATTEMPT_ERROR = "attempt lost: its worker stopped renewing the lease"
+
+
+def _attempt(row: Row, number: int, status: TaskStatus | None) -> AttemptRecord:
+    return AttemptRecord(
+        attempt_id=row["attempt_id"],
+        number=number,
+        status=status,
+        error=row["error"],
+        worker_id=row["worker_id"],
+        resumed_from_wait_id=row["resumed_from_wait_id"],
     )
 
 
@@ -79,6 +99,19 @@ class TasksMixin(SqlStoreBase):
         with self._gw.read() as tx:
             rows = tx.all("tasks_of_run", {"run_id": run_id, "all": int(include_invalidated)})
             return [task_record(row) for row in rows]
+
+    def list_attempts(self, task_id: str) -> list[AttemptRecord]:
+        with self._gw.read() as tx:
+            task = self._task(tx, task_id)
+            if task is None:
+                return []
+            past = [
+                _attempt(row, row["number"], TaskStatus(row["status"]))
+                for row in tx.all("attempts_of_task", {"task_id": task_id})
+            ]
+            status = TaskStatus(task["status"])
+            outcome = status if status in _OUTCOMES else None
+            return [*past, _attempt(task, task["attempt_number"], outcome)]
 
     def list_deliveries(self, run_id: str | None = None) -> list[Delivery]:
         with self._gw.read() as tx:
@@ -126,7 +159,15 @@ class TasksMixin(SqlStoreBase):
             )
             if task is None:
                 return None
-            new_attempt = self._replace_attempt(tx, task)
+            lost = task["lost_deliveries"] + 1
+            new_attempt = self._replace_attempt(
+                tx,
+                task,
+                outcome=TaskStatus.CRASHED,
+                error=LOST_ATTEMPT_ERROR,
+                delivery_count=min(lost, self.max_deliveries),
+                lost_deliveries=lost,
+            )
             tx.run("recovery_insert", {**key, "recovered": new_attempt})
             stored = tx.one("recovery_get", key)
             assert stored is not None
@@ -294,6 +335,24 @@ class TasksMixin(SqlStoreBase):
                 return None
             # The plan, generation and resumed_from_wait_id stay (WT-15).
             new_attempt = self._replace_attempt(tx, task)
+            self._bump(tx, task["run_id"], task["node_index"])
+            return new_attempt
+
+    def try_fail_task_with_retry(
+        self, task_id: str, error: str, *, expected_attempt_id: str, available_at: float
+    ) -> str | None:
+        if not isinstance(error, str):
+            raise InvalidStoreValueError("error must be a string", field="error")
+        when = validate_seconds(available_at, "available_at", positive=False)
+        with self._gw.write() as tx:
+            task = self._current(tx, task_id, expected_attempt_id, TaskStatus.RUNNING, None)
+            if task is None:
+                return None
+            # The failure and the reservation are one commit: the task goes
+            # RUNNING -> QUEUED directly, so no finaliser ever sees it FAILED.
+            new_attempt = self._replace_attempt(
+                tx, task, outcome=TaskStatus.FAILED, error=error, available_at=when
+            )
             self._bump(tx, task["run_id"], task["node_index"])
             return new_attempt
 

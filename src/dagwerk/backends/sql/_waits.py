@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 from dagwerk.constants import TaskStatus
+from dagwerk.json import JsonValue, freeze_json
 from dagwerk.store import TaskResumeResult, TaskWaitResult, validate_wait_id
 
-from ._base import SqlStoreBase
+from ._base import SqlStoreBase, dumps, loads_value
 from .gateway import Row
 
 
@@ -44,10 +45,25 @@ class WaitsMixin(SqlStoreBase):
             assert record is not None
             return _wait_result(record)
 
+    def get_wait_response(self, task_id: str, wait_id: str) -> JsonValue | None:
+        with self._gw.read() as tx:
+            row = tx.one("wait_response", {"task_id": task_id, "wait_id": wait_id})
+            if row is None or row["response"] is None:
+                return None
+            return loads_value(row["response"])
+
     def try_resume_task(
-        self, task_id: str, wait_id: str, *, expected_attempt_id: str, expected_generation: int
+        self,
+        task_id: str,
+        wait_id: str,
+        *,
+        expected_attempt_id: str,
+        expected_generation: int,
+        response: object = None,
     ) -> TaskResumeResult | None:
         validate_wait_id(wait_id)
+        frozen = freeze_json(response)
+        response_text = None if frozen is None else dumps(frozen)
         with self._gw.write() as tx:
             record = tx.one("wait_get", {"task_id": task_id, "wait_id": wait_id})
             if (
@@ -66,10 +82,17 @@ class WaitsMixin(SqlStoreBase):
             )
             if task is None or task["active_wait_id"] != wait_id:
                 return None
-            new_attempt = self._replace_attempt(tx, task, resumed_from=wait_id)
+            new_attempt = self._replace_attempt(
+                tx, task, resumed_from=wait_id, outcome=TaskStatus.WAITING
+            )
             tx.run(
                 "wait_resolve",
-                {"task_id": task_id, "wait_id": wait_id, "resumed_attempt_id": new_attempt},
+                {
+                    "task_id": task_id,
+                    "wait_id": wait_id,
+                    "resumed_attempt_id": new_attempt,
+                    "response": response_text,
+                },
             )
             record = tx.one("wait_get", {"task_id": task_id, "wait_id": wait_id})
             assert record is not None

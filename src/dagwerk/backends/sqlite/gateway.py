@@ -32,6 +32,31 @@ __all__ = ["QUERIES", "SqliteGateway", "translate_error"]
 QUERIES_PATH = Path(__file__).with_name("queries.sql")
 QUERIES: dict[str, str] = load_queries(QUERIES_PATH)
 
+# Statements that make a queue row deliverable: committing one wakes the
+# dequeues of this process that wait for work on the same database.
+_WAKING = frozenset({"delivery_insert", "queue_release"})
+_WAKERS_LOCK = threading.Lock()
+# Other processes cannot notify this one; their work is found by polling.
+_POLL_SECONDS = 0.05
+
+
+class _Waker:
+    """A condition plus a counter of waking commits, so a wake-up that lands
+    between a dequeue's empty look and its wait is not lost."""
+
+    def __init__(self) -> None:
+        self.cond = threading.Condition()
+        self.epoch = 0
+
+
+_WAKERS: dict[str, _Waker] = {}
+
+
+def _waker(key: str) -> _Waker:
+    with _WAKERS_LOCK:
+        return _WAKERS.setdefault(key, _Waker())
+
+
 # Primary result codes (the low byte of the extended code).
 _BUSY, _LOCKED, _READONLY, _IOERR, _CORRUPT, _FULL, _CANTOPEN, _NOTADB = 5, 6, 8, 10, 11, 13, 14, 26
 
@@ -56,10 +81,11 @@ def translate_error(exc: sqlite3.Error, context: str) -> DagwerkError:
 class _Tx:
     """One open transaction on the gateway's connection."""
 
-    __slots__ = ("_conn",)
+    __slots__ = ("_conn", "woke")
 
     def __init__(self, conn: sqlite3.Connection) -> None:
         self._conn = conn
+        self.woke = False
 
     def _execute(self, name: str, params: Params | None) -> sqlite3.Cursor:
         try:
@@ -76,9 +102,13 @@ class _Tx:
         return rows
 
     def run(self, name: str, params: Params | None = None) -> int:
+        if name in _WAKING:
+            self.woke = True
         return self._execute(name, params).rowcount
 
     def many(self, name: str, rows: Iterable[Params]) -> None:
+        if name in _WAKING:
+            self.woke = True
         try:
             self._conn.executemany(QUERIES[name], rows)
         except sqlite3.Error as exc:
@@ -109,6 +139,24 @@ class SqliteGateway:
         self._pid = os.getpid()
         self._conn: sqlite3.Connection | None = None
         self._conn = self._connect()
+        # In-memory databases are private to this gateway; files are shared
+        # by every gateway of this process that opens the same path.
+        key = f"memory:{id(self)}" if self.in_memory else os.path.realpath(path)
+        self._waker = _waker(key)
+
+    def work_epoch(self) -> int:
+        """The count of waking commits so far (pass it to :meth:`wait_for_work`)."""
+        with self._waker.cond:
+            return self._waker.epoch
+
+    def wait_for_work(self, timeout: float, since: int | None = None) -> None:
+        """Block until a commit in this process made a queue row deliverable
+        (after epoch ``since``), or for a short poll interval (other
+        processes), at most ``timeout`` seconds."""
+        with self._waker.cond:
+            if since is not None and self._waker.epoch != since:
+                return
+            self._waker.cond.wait(min(timeout, _POLL_SECONDS))
 
     @property
     def in_memory(self) -> bool:
@@ -169,8 +217,9 @@ class SqliteGateway:
                 conn.execute(begin)
             except sqlite3.Error as exc:
                 raise translate_error(exc, "cannot begin a transaction") from exc
+            tx = _Tx(conn)
             try:
-                yield _Tx(conn)
+                yield tx
             except BaseException:
                 _rollback(conn)
                 raise
@@ -179,6 +228,10 @@ class SqliteGateway:
             except sqlite3.Error as exc:
                 _rollback(conn)
                 raise translate_error(exc, "commit failed") from exc
+        if tx.woke:
+            with self._waker.cond:
+                self._waker.epoch += 1
+                self._waker.cond.notify_all()
 
     def write(self) -> AbstractContextManager[_Tx]:
         """A write transaction: ``BEGIN IMMEDIATE`` ... ``COMMIT``."""

@@ -3,8 +3,10 @@
 -- with json_each, so no statement is assembled at run time.
 
 -- name: run_insert
-INSERT INTO dagwerk_runs (run_id, nodes, run_input, failure_policy, status, node_count, queue, priority)
-VALUES (:run_id, :nodes, :run_input, :failure_policy, 'pending', :node_count, :queue, :priority)
+INSERT INTO dagwerk_runs
+    (run_id, nodes, run_input, failure_policy, status, node_count, queue, priority, created_at)
+VALUES (:run_id, :nodes, :run_input, :failure_policy, 'pending', :node_count, :queue, :priority,
+        :now)
 ON CONFLICT (run_id) DO NOTHING;
 
 -- name: node_insert
@@ -18,21 +20,38 @@ SELECT * FROM dagwerk_runs WHERE run_id = :run_id;
 
 -- name: run_record
 SELECT r.run_id, r.status, r.failure_policy, r.retry_count, r.error, r.node_count,
+       r.created_at, r.finished_at,
        (SELECT count(*) FROM dagwerk_launches l
          WHERE l.run_id = r.run_id AND l.active = 1
            AND (l.disposition <> 'launched' OR l.completed = l.task_count)) AS settled_nodes
 FROM dagwerk_runs r WHERE r.run_id = :run_id;
 
+-- name: runs_list
+SELECT r.run_id, r.status, r.failure_policy, r.retry_count, r.error, r.node_count,
+       r.created_at, r.finished_at,
+       (SELECT count(*) FROM dagwerk_launches l
+         WHERE l.run_id = r.run_id AND l.active = 1
+           AND (l.disposition <> 'launched' OR l.completed = l.task_count)) AS settled_nodes
+FROM dagwerk_runs r WHERE (:status IS NULL OR r.status = :status)
+ORDER BY r.created_at DESC, r.rowid DESC LIMIT :limit;
+
 -- name: run_set_status
 UPDATE dagwerk_runs SET status = :new WHERE run_id = :run_id AND status = :old;
 
 -- name: run_terminate
-UPDATE dagwerk_runs SET status = :new, error = :error, epoch = epoch + 1
+UPDATE dagwerk_runs SET status = :new, error = :error, epoch = epoch + 1, finished_at = :now
 WHERE run_id = :run_id AND status = :old;
+
+-- name: run_rerun
+UPDATE dagwerk_runs
+SET status = 'running', error = NULL, retry_count = retry_count + 1, epoch = epoch + 1,
+    finished_at = NULL
+WHERE run_id = :run_id;
 
 -- name: run_reopen
 UPDATE dagwerk_runs
-SET status = 'running', error = NULL, retry_count = retry_count + 1, epoch = epoch + 1
+SET status = 'running', error = NULL, retry_count = retry_count + 1, epoch = epoch + 1,
+    finished_at = NULL
 WHERE run_id = :run_id AND status = :old;
 
 -- name: task_status_counts
@@ -114,6 +133,12 @@ LEFT JOIN dagwerk_launches l
        ON l.launch_id = t.launch_id AND l.active = 1 AND l.generation = t.generation
 WHERE t.task_id = :task_id;
 
+-- name: tasks_running_in_nodes
+SELECT task_id, node_index FROM dagwerk_tasks
+WHERE run_id = :run_id AND invalidated = 0 AND status = 'running'
+  AND node_index IN (SELECT value FROM json_each(:nodes))
+ORDER BY seq;
+
 -- name: tasks_of_run
 SELECT * FROM dagwerk_tasks WHERE run_id = :run_id AND (:all = 1 OR invalidated = 0) ORDER BY seq;
 
@@ -126,8 +151,30 @@ UPDATE dagwerk_tasks
 SET attempt_id = :attempt_id, status = 'queued', error = NULL,
     failure_attempt_id = NULL, failure_status = NULL,
     resumed_from_wait_id = coalesce(:resumed_from, resumed_from_wait_id),
-    active_wait_id = CASE WHEN :resumed_from IS NULL THEN active_wait_id END
+    active_wait_id = CASE WHEN :resumed_from IS NULL THEN active_wait_id END,
+    attempt_number = attempt_number + 1, worker_id = NULL,
+    lost_deliveries = coalesce(:lost_deliveries, lost_deliveries)
 WHERE task_id = :task_id AND status = :old_status AND attempt_id = :old_attempt;
+
+-- name: attempt_archive
+INSERT INTO dagwerk_attempts
+    (task_id, attempt_id, number, status, error, worker_id, resumed_from_wait_id)
+SELECT task_id, attempt_id, attempt_number, :status, coalesce(:error, error), worker_id,
+       resumed_from_wait_id
+FROM dagwerk_tasks WHERE task_id = :task_id;
+
+-- name: attempts_of_task
+SELECT attempt_id, number, status, error, worker_id, resumed_from_wait_id
+FROM dagwerk_attempts WHERE task_id = :task_id ORDER BY seq;
+
+-- name: task_set_worker
+UPDATE dagwerk_tasks SET worker_id = :worker_id
+WHERE task_id = :task_id AND attempt_id = :attempt_id AND status = 'queued';
+
+-- name: task_crash_dead_lettered
+UPDATE dagwerk_tasks
+SET status = 'crashed', error = :error, failure_attempt_id = attempt_id, failure_status = 'crashed'
+WHERE task_id = :task_id AND attempt_id = :attempt_id AND status IN ('queued', 'running');
 
 -- name: task_complete
 UPDATE dagwerk_tasks
@@ -218,8 +265,12 @@ INSERT INTO dagwerk_waits (task_id, wait_id, attempt_id, generation, state)
 VALUES (:task_id, :wait_id, :attempt_id, :generation, 'active');
 
 -- name: wait_resolve
-UPDATE dagwerk_waits SET state = 'resolved', resumed_attempt_id = :resumed_attempt_id
+UPDATE dagwerk_waits
+SET state = 'resolved', resumed_attempt_id = :resumed_attempt_id, response = :response
 WHERE task_id = :task_id AND wait_id = :wait_id AND state = 'active';
+
+-- name: wait_response
+SELECT response FROM dagwerk_waits WHERE task_id = :task_id AND wait_id = :wait_id;
 
 -- name: recovery_get
 SELECT r.*, t.run_id, t.node_index FROM dagwerk_recoveries r
@@ -236,9 +287,9 @@ FROM dagwerk_tasks WHERE task_id = :task_id;
 -- name: delivery_insert
 INSERT INTO dagwerk_deliveries
     (delivery_id, task_id, attempt_id, generation, run_id, node_index, launch_id,
-     queue, priority, available_at)
+     queue, priority, available_at, delivery_count)
 SELECT :delivery_id, :task_id, :attempt_id, :generation, :run_id, :node_index, :launch_id,
-       queue, priority, :now
+       coalesce(:queue, queue), coalesce(:priority, priority), :now, :delivery_count
 FROM dagwerk_runs WHERE run_id = :run_id;
 
 -- name: delivery_delete

@@ -1,5 +1,6 @@
 -- dagwerk SQLite schema, current version: the sum of migrations/*.sql.
 -- A test proves that applying every migration gives exactly this schema.
+-- (Columns added by later migrations appear where ALTER TABLE puts them.)
 
 CREATE TABLE dagwerk_schema_version (
     version INTEGER NOT NULL
@@ -18,7 +19,8 @@ CREATE TABLE dagwerk_runs (
     node_count INTEGER NOT NULL,
     queue TEXT NOT NULL,
     priority INTEGER NOT NULL
-);
+, created_at REAL NOT NULL DEFAULT 0, finished_at REAL);
+CREATE INDEX dagwerk_runs_created ON dagwerk_runs (created_at);
 
 CREATE TABLE dagwerk_nodes (
     run_id TEXT NOT NULL REFERENCES dagwerk_runs (run_id),
@@ -61,7 +63,7 @@ CREATE TABLE dagwerk_tasks (
     completed_launch_complete INTEGER,
     failure_attempt_id TEXT,
     failure_status TEXT
-);
+, attempt_number INTEGER NOT NULL DEFAULT 1, worker_id TEXT, lost_deliveries INTEGER NOT NULL DEFAULT 0);
 CREATE INDEX dagwerk_tasks_run ON dagwerk_tasks (run_id, invalidated, status);
 CREATE INDEX dagwerk_tasks_launch ON dagwerk_tasks (launch_id, seq);
 
@@ -86,7 +88,7 @@ CREATE TABLE dagwerk_waits (
     attempt_id TEXT NOT NULL,
     generation INTEGER NOT NULL,
     state TEXT NOT NULL,
-    resumed_attempt_id TEXT,
+    resumed_attempt_id TEXT, response TEXT,
     PRIMARY KEY (task_id, wait_id)
 ) WITHOUT ROWID;
 
@@ -139,3 +141,15 @@ CREATE TABLE dagwerk_dead_letters (
     reinjected_attempt_id TEXT
 );
 CREATE INDEX dagwerk_dead_letters_run ON dagwerk_dead_letters (run_id, seq);
+
+CREATE TABLE dagwerk_attempts (
+    seq INTEGER PRIMARY KEY,
+    task_id TEXT NOT NULL REFERENCES dagwerk_tasks (task_id),
+    attempt_id TEXT NOT NULL,
+    number INTEGER NOT NULL,
+    status TEXT NOT NULL,
+    error TEXT,
+    worker_id TEXT,
+    resumed_from_wait_id TEXT
+);
+CREATE INDEX dagwerk_attempts_task ON dagwerk_attempts (task_id, seq);

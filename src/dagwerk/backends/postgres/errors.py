@@ -1,0 +1,87 @@
+"""Driver errors of psycopg translated to :mod:`dagwerk.backends.errors`, and
+the checks that keep values PostgreSQL cannot store away from the driver."""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping
+
+import psycopg
+
+from dagwerk.backends.errors import (
+    StoreBusyError,
+    StoreCorruptError,
+    StoreFullError,
+    StoreReadOnlyError,
+    StoreUnavailableError,
+)
+from dagwerk.errors import DagwerkError
+from dagwerk.store import InvalidStoreValueError, OutputPublicationError, StoreContractError
+
+__all__ = ["check_params", "is_connection_error", "translate_error"]
+
+_INT64 = range(-(2**63), 2**63)
+# The JSON escape of U+0000: "\u0000" after an even number of backslashes.
+_JSON_NUL = re.compile(r"(?<!\\)(?:\\\\)*\\u0000")
+# Statements whose text comes from a plugin's outputs: a value PostgreSQL
+# cannot hold is a publication error there, so a completion fails the task
+# instead of the worker.
+_PUBLICATION = frozenset({"output_insert", "outputs_reserved"})
+# Server states that mean "this connection is gone" (admin shutdown, crash
+# shutdown, cannot connect now) besides the whole 08 class.
+_CONNECTION_STATES = frozenset({"57P01", "57P02", "57P03"})
+
+
+def check_params(
+    name: str, params: Mapping[str, object], json_params: frozenset[str] = frozenset()
+) -> None:
+    """Raise a typed error for a value PostgreSQL cannot store: text with a
+    NUL character (``text`` cannot hold U+0000; nor can ``jsonb``, so the
+    escape ``\\u0000`` is refused in the JSON lists of ``json_params``) or
+    an integer outside the 64-bit range of the schema's ``bigint`` columns
+    (which also covers integers too long to print)."""
+    for key, value in params.items():
+        if isinstance(value, str):
+            if "\x00" in value or (key in json_params and _JSON_NUL.search(value)):
+                _reject(name, key, "contains a NUL character, which PostgreSQL text cannot hold")
+        elif isinstance(value, int) and value not in _INT64:
+            _reject(name, key, "is outside the 64-bit integer range of the store")
+
+
+def _reject(name: str, key: str, what: str) -> None:
+    if name in _PUBLICATION:
+        raise OutputPublicationError(f"output {key} {what}", field="outputs")
+    raise InvalidStoreValueError(f"{key} {what}", field=key)
+
+
+def is_connection_error(exc: BaseException, conn: psycopg.Connection[object] | None) -> bool:
+    """Whether ``exc`` means the connection is gone (not that the statement failed)."""
+    if conn is not None and (conn.closed or conn.broken):
+        return True
+    if not isinstance(exc, psycopg.Error):
+        return False
+    state = exc.sqlstate or ""
+    return state.startswith("08") or state in _CONNECTION_STATES
+
+
+def translate_error(exc: psycopg.Error, context: str) -> DagwerkError:
+    """The dagwerk error for a driver error (the driver error becomes its cause)."""
+    state = exc.sqlstate or ""
+    text = f"{context}: {str(exc).strip()}"
+    if state.startswith("23"):
+        return StoreContractError(f"{context}: constraint violated: {exc}")
+    if state in ("40001", "40P01", "55P03", "57014"):
+        # Serialisation failure, deadlock, lock not available, lock timeout.
+        return StoreBusyError(text)
+    if state in ("25006", "42501"):
+        return StoreReadOnlyError(text)
+    if state.startswith("53"):
+        return StoreFullError(text)
+    if state in ("42P01", "42703", "3F000"):
+        # A table, column or schema of the store is missing: not our schema.
+        return StoreCorruptError(text)
+    if state in ("22003", "22021", "22P05", "54000"):
+        return InvalidStoreValueError(text)
+    if isinstance(exc, psycopg.DataError):
+        return InvalidStoreValueError(text)
+    return StoreUnavailableError(text)

@@ -1,0 +1,406 @@
+-- Every statement the SQL store runs on PostgreSQL, one named block per
+-- operation (the same names as sqlite/queries.sql; a test compares the sets).
+-- Parameters use the :name style; casts are spelled CAST(x AS t), never x::t.
+-- Lists arrive as JSON text and are expanded once, with
+-- "= ANY (ARRAY(SELECT jsonb_array_elements_text(...)))": an uncorrelated
+-- ARRAY() is evaluated once, where "IN (SELECT ...)" may re-parse the JSON
+-- for every row it filters (quadratic for a 10,000-task launch).
+--
+-- Locking. Write transactions run at READ COMMITTED, so every statement sees
+-- the commits that came before it. The run row is the serialisation boundary
+-- of everything that belongs to a run: a block that opens a write transition
+-- starts with a *lock prelude*, one or more statements before the block's
+-- last that lock the run row (FOR NO KEY UPDATE: it serialises writers of the
+-- run but, unlike FOR UPDATE, does not block the foreign-key checks of rows
+-- that reference the run). The gateway runs preludes in write transactions
+-- only; read transactions are REPEATABLE READ snapshots and take no locks.
+-- The queue takes row locks instead: dequeue skips rows other workers hold
+-- (FOR UPDATE SKIP LOCKED), so workers never wait on each other there.
+
+-- name: run_insert
+INSERT INTO dagwerk_runs
+    (run_id, nodes, run_input, failure_policy, status, node_count, queue, priority, created_at)
+VALUES (:run_id, :nodes, :run_input, :failure_policy, 'pending', :node_count, :queue, :priority,
+        :now)
+ON CONFLICT (run_id) DO NOTHING;
+
+-- name: node_insert
+INSERT INTO dagwerk_nodes (run_id, node_index) VALUES (:run_id, :node_index);
+
+-- name: run_status
+SELECT 1 FROM dagwerk_runs WHERE run_id = :run_id FOR NO KEY UPDATE;
+SELECT status FROM dagwerk_runs WHERE run_id = :run_id;
+
+-- name: run_get
+SELECT 1 FROM dagwerk_runs WHERE run_id = :run_id FOR NO KEY UPDATE;
+SELECT * FROM dagwerk_runs WHERE run_id = :run_id;
+
+-- name: run_record
+SELECT r.run_id, r.status, r.failure_policy, r.retry_count, r.error, r.node_count,
+       r.created_at, r.finished_at,
+       (SELECT count(*) FROM dagwerk_launches l
+         WHERE l.run_id = r.run_id AND l.active = 1
+           AND (l.disposition <> 'launched' OR l.completed = l.task_count)) AS settled_nodes
+FROM dagwerk_runs r WHERE r.run_id = :run_id;
+
+-- name: runs_list
+SELECT r.run_id, r.status, r.failure_policy, r.retry_count, r.error, r.node_count,
+       r.created_at, r.finished_at,
+       (SELECT count(*) FROM dagwerk_launches l
+         WHERE l.run_id = r.run_id AND l.active = 1
+           AND (l.disposition <> 'launched' OR l.completed = l.task_count)) AS settled_nodes
+FROM dagwerk_runs r WHERE (CAST(:status AS text) IS NULL OR r.status = :status)
+ORDER BY r.created_at DESC, r.seq DESC LIMIT :limit;
+
+-- name: run_set_status
+UPDATE dagwerk_runs SET status = :new WHERE run_id = :run_id AND status = :old;
+
+-- name: run_terminate
+UPDATE dagwerk_runs SET status = :new, error = :error, epoch = epoch + 1, finished_at = :now
+WHERE run_id = :run_id AND status = :old;
+
+-- name: run_rerun
+UPDATE dagwerk_runs
+SET status = 'running', error = NULL, retry_count = retry_count + 1, epoch = epoch + 1,
+    finished_at = NULL
+WHERE run_id = :run_id;
+
+-- name: run_reopen
+UPDATE dagwerk_runs
+SET status = 'running', error = NULL, retry_count = retry_count + 1, epoch = epoch + 1,
+    finished_at = NULL
+WHERE run_id = :run_id AND status = :old;
+
+-- name: task_status_counts
+SELECT status, count(*) AS n FROM dagwerk_tasks
+WHERE run_id = :run_id AND invalidated = 0 GROUP BY status;
+
+-- name: failed_launches
+SELECT launch_id, node_index, generation FROM dagwerk_launches
+WHERE run_id = :run_id AND active = 1 AND disposition = 'failed' ORDER BY node_index;
+
+-- name: failed_tasks
+SELECT task_id, attempt_id, status FROM dagwerk_tasks
+WHERE run_id = :run_id AND invalidated = 0 AND status IN ('failed', 'crashed') ORDER BY seq;
+
+-- name: failed_nodes
+SELECT node_index FROM dagwerk_launches
+WHERE run_id = :run_id AND active = 1 AND disposition = 'failed'
+UNION
+SELECT node_index FROM dagwerk_tasks
+WHERE run_id = :run_id AND invalidated = 0 AND status IN ('failed', 'crashed');
+
+-- name: nodes_of_run
+SELECT node_index, generation, revision FROM dagwerk_nodes WHERE run_id = :run_id;
+
+-- name: node_get
+SELECT generation, revision FROM dagwerk_nodes WHERE run_id = :run_id AND node_index = :node_index;
+
+-- name: node_bump
+UPDATE dagwerk_nodes SET revision = revision + 1
+WHERE run_id = :run_id AND node_index = :node_index;
+
+-- name: node_advance_generation
+UPDATE dagwerk_nodes SET generation = generation + 1, revision = revision + 1
+WHERE run_id = :run_id AND node_index = :node_index;
+
+-- name: launch_completion_summary
+SELECT count(*) AS active,
+       coalesce(sum(CASE WHEN disposition NOT IN ('failed', 'upstream_failed')
+                          AND (disposition <> 'launched' OR completed = task_count)
+                         THEN 1 ELSE 0 END), 0) AS good
+FROM dagwerk_launches WHERE run_id = :run_id AND active = 1;
+
+-- name: launch_active
+SELECT * FROM dagwerk_launches WHERE run_id = :run_id AND node_index = :node_index AND active = 1;
+
+-- name: launch_by_id
+SELECT * FROM dagwerk_launches WHERE launch_id = :launch_id;
+
+-- name: launches_active
+SELECT * FROM dagwerk_launches WHERE run_id = :run_id AND active = 1 ORDER BY node_index;
+
+-- name: launch_task_ids
+SELECT task_id FROM dagwerk_tasks WHERE launch_id = :launch_id ORDER BY seq;
+
+-- name: launch_insert
+INSERT INTO dagwerk_launches
+    (launch_id, run_id, node_index, generation, plugin, disposition, error, task_count)
+VALUES (:launch_id, :run_id, :node_index, :generation, :plugin, :disposition, :error, :task_count);
+
+-- name: launch_deactivate
+UPDATE dagwerk_launches SET active = 0
+WHERE run_id = :run_id AND node_index = :node_index AND active = 1;
+
+-- name: launch_count_completion
+UPDATE dagwerk_launches SET completed = completed + 1 WHERE launch_id = :launch_id;
+
+-- name: task_insert
+INSERT INTO dagwerk_tasks
+    (task_id, run_id, node_index, generation, launch_id, status, attempt_id, plan)
+VALUES (:task_id, :run_id, :node_index, :generation, :launch_id, :status, :attempt_id, :plan);
+
+-- name: task_get_owned
+SELECT 1 FROM dagwerk_runs
+WHERE run_id = (SELECT run_id FROM dagwerk_tasks WHERE task_id = :task_id) FOR NO KEY UPDATE;
+SELECT t.*, r.status AS run_status,
+       (t.invalidated = 0 AND n.generation = t.generation AND l.launch_id IS NOT NULL) AS owned
+FROM dagwerk_tasks t
+JOIN dagwerk_runs r ON r.run_id = t.run_id
+JOIN dagwerk_nodes n ON n.run_id = t.run_id AND n.node_index = t.node_index
+LEFT JOIN dagwerk_launches l
+       ON l.launch_id = t.launch_id AND l.active = 1 AND l.generation = t.generation
+WHERE t.task_id = :task_id;
+
+-- name: tasks_running_in_nodes
+SELECT task_id, node_index FROM dagwerk_tasks
+WHERE run_id = :run_id AND invalidated = 0 AND status = 'running'
+  AND node_index = ANY (ARRAY(
+      SELECT CAST(jsonb_array_elements_text(CAST(:nodes AS jsonb)) AS bigint)))
+ORDER BY seq;
+
+-- name: tasks_of_run
+SELECT * FROM dagwerk_tasks WHERE run_id = :run_id AND (:all = 1 OR invalidated = 0) ORDER BY seq;
+
+-- name: task_set_status
+UPDATE dagwerk_tasks SET status = :new, error = :error
+WHERE task_id = :task_id AND status = :old AND attempt_id = :attempt_id;
+
+-- name: task_replace_attempt
+UPDATE dagwerk_tasks
+SET attempt_id = :attempt_id, status = 'queued', error = NULL,
+    failure_attempt_id = NULL, failure_status = NULL,
+    resumed_from_wait_id = coalesce(CAST(:resumed_from AS text), resumed_from_wait_id),
+    active_wait_id = CASE WHEN CAST(:resumed_from AS text) IS NULL THEN active_wait_id END,
+    attempt_number = attempt_number + 1, worker_id = NULL,
+    lost_deliveries = coalesce(CAST(:lost_deliveries AS bigint), lost_deliveries)
+WHERE task_id = :task_id AND status = :old_status AND attempt_id = :old_attempt;
+
+-- name: attempt_archive
+INSERT INTO dagwerk_attempts
+    (task_id, attempt_id, number, status, error, worker_id, resumed_from_wait_id)
+SELECT task_id, attempt_id, attempt_number, :status, coalesce(CAST(:error AS text), error),
+       worker_id, resumed_from_wait_id
+FROM dagwerk_tasks WHERE task_id = :task_id;
+
+-- name: attempts_of_task
+SELECT attempt_id, number, status, error, worker_id, resumed_from_wait_id
+FROM dagwerk_attempts WHERE task_id = :task_id ORDER BY seq;
+
+-- name: task_set_worker
+UPDATE dagwerk_tasks SET worker_id = :worker_id
+WHERE task_id = :task_id AND attempt_id = :attempt_id AND status = 'queued';
+
+-- name: task_crash_dead_lettered
+UPDATE dagwerk_tasks
+SET status = 'crashed', error = :error, failure_attempt_id = attempt_id, failure_status = 'crashed'
+WHERE task_id = :task_id AND attempt_id = :attempt_id AND status IN ('queued', 'running');
+
+-- name: task_complete
+UPDATE dagwerk_tasks
+SET status = 'completed', completed_attempt_id = :attempt_id,
+    completed_launch_complete = :launch_complete
+WHERE task_id = :task_id AND status = 'running' AND attempt_id = :attempt_id;
+
+-- name: task_mark_failure
+UPDATE dagwerk_tasks
+SET status = :status, error = :error, failure_attempt_id = :attempt_id, failure_status = :status
+WHERE task_id = :task_id AND status = 'running' AND attempt_id = :attempt_id;
+
+-- name: task_set_active_wait
+UPDATE dagwerk_tasks SET active_wait_id = :wait_id WHERE task_id = :task_id;
+
+-- name: tasks_cancel_unfinished
+UPDATE dagwerk_tasks SET status = 'cancelled'
+WHERE run_id = :run_id AND invalidated = 0
+  AND (CAST(:node_index AS bigint) IS NULL OR node_index = :node_index)
+  AND status = ANY (ARRAY(SELECT jsonb_array_elements_text(CAST(:unfinished AS jsonb))));
+
+-- name: tasks_invalidate_node
+UPDATE dagwerk_tasks SET invalidated = 1
+WHERE run_id = :run_id AND node_index = :node_index AND invalidated = 0;
+
+-- name: waits_invalidate_active
+-- This block opens the stop of a run's (or node's) active work. Its prelude
+-- locks the queue rows that the stop will delete before any task row is
+-- touched: a dequeue holding one of them may still need its task's row, so
+-- taking them in the other order could deadlock with it.
+SELECT 1 FROM dagwerk_deliveries WHERE task_id IN (
+    SELECT task_id FROM dagwerk_tasks
+    WHERE run_id = :run_id AND invalidated = 0
+      AND (CAST(:node_index AS bigint) IS NULL OR node_index = :node_index)
+) FOR UPDATE;
+UPDATE dagwerk_waits SET state = 'invalidated'
+WHERE state = 'active' AND (task_id, wait_id) IN (
+    SELECT task_id, active_wait_id FROM dagwerk_tasks
+    WHERE run_id = :run_id AND invalidated = 0 AND active_wait_id IS NOT NULL
+      AND (CAST(:node_index AS bigint) IS NULL OR node_index = :node_index)
+);
+
+-- name: tasks_clear_active_wait
+UPDATE dagwerk_tasks SET active_wait_id = NULL
+WHERE run_id = :run_id AND invalidated = 0 AND active_wait_id IS NOT NULL
+  AND (CAST(:node_index AS bigint) IS NULL OR node_index = :node_index);
+
+-- name: deliveries_drop_active
+DELETE FROM dagwerk_deliveries WHERE task_id IN (
+    SELECT task_id FROM dagwerk_tasks
+    WHERE run_id = :run_id AND invalidated = 0
+      AND (CAST(:node_index AS bigint) IS NULL OR node_index = :node_index)
+);
+
+-- name: deliveries_drop_task
+DELETE FROM dagwerk_deliveries WHERE task_id = :task_id;
+
+-- name: outputs_of_node
+SELECT output_id, fields, correlation_id, routing_size FROM dagwerk_outputs
+WHERE run_id = :run_id AND node_index = :node_index AND invalidated = 0
+ORDER BY seq LIMIT :limit;
+
+-- name: output_ids_of_node
+SELECT output_id FROM dagwerk_outputs
+WHERE run_id = :run_id AND node_index = :node_index AND invalidated = 0 ORDER BY seq;
+
+-- name: outputs_valid_by_ids
+SELECT output_id, node_index FROM dagwerk_outputs
+WHERE run_id = :run_id AND invalidated = 0
+  AND output_id = ANY (ARRAY(SELECT jsonb_array_elements_text(CAST(:ids AS jsonb))));
+
+-- name: outputs_reserved
+SELECT output_id FROM dagwerk_outputs
+WHERE run_id = :run_id AND output_id = ANY (ARRAY(SELECT jsonb_array_elements_text(CAST(:ids AS jsonb))));
+
+-- name: outputs_resolve
+SELECT output_id, fields, data FROM dagwerk_outputs
+WHERE run_id = :run_id AND invalidated = 0
+  AND output_id = ANY (ARRAY(SELECT jsonb_array_elements_text(CAST(:ids AS jsonb))));
+
+-- name: output_insert
+INSERT INTO dagwerk_outputs
+    (run_id, output_id, node_index, fields, data, correlation_id, routing_size)
+VALUES (:run_id, :output_id, :node_index, :fields, :data, :correlation_id, :routing_size);
+
+-- name: outputs_invalidate_node
+UPDATE dagwerk_outputs SET invalidated = 1
+WHERE run_id = :run_id AND node_index = :node_index AND invalidated = 0;
+
+-- name: wait_get
+SELECT 1 FROM dagwerk_runs
+WHERE run_id = (SELECT run_id FROM dagwerk_tasks WHERE task_id = :task_id) FOR NO KEY UPDATE;
+SELECT w.*, t.run_id, t.node_index FROM dagwerk_waits w
+JOIN dagwerk_tasks t ON t.task_id = w.task_id
+WHERE w.task_id = :task_id AND w.wait_id = :wait_id;
+
+-- name: wait_insert
+INSERT INTO dagwerk_waits (task_id, wait_id, attempt_id, generation, state)
+VALUES (:task_id, :wait_id, :attempt_id, :generation, 'active');
+
+-- name: wait_resolve
+UPDATE dagwerk_waits
+SET state = 'resolved', resumed_attempt_id = :resumed_attempt_id, response = :response
+WHERE task_id = :task_id AND wait_id = :wait_id AND state = 'active';
+
+-- name: wait_response
+SELECT response FROM dagwerk_waits WHERE task_id = :task_id AND wait_id = :wait_id;
+
+-- name: recovery_get
+SELECT 1 FROM dagwerk_runs
+WHERE run_id = (SELECT run_id FROM dagwerk_tasks WHERE task_id = :task_id) FOR NO KEY UPDATE;
+SELECT r.*, t.run_id, t.node_index FROM dagwerk_recoveries r
+JOIN dagwerk_tasks t ON t.task_id = r.task_id
+WHERE r.task_id = :task_id AND r.abandoned_attempt_id = :abandoned
+  AND r.generation = :generation;
+
+-- name: recovery_insert
+INSERT INTO dagwerk_recoveries
+    (task_id, abandoned_attempt_id, generation, recovered_attempt_id, resumed_from_wait_id)
+SELECT task_id, :abandoned, :generation, :recovered, resumed_from_wait_id
+FROM dagwerk_tasks WHERE task_id = :task_id;
+
+-- name: delivery_insert
+INSERT INTO dagwerk_deliveries
+    (delivery_id, task_id, attempt_id, generation, run_id, node_index, launch_id,
+     queue, priority, available_at, delivery_count)
+SELECT :delivery_id, :task_id, :attempt_id, :generation, :run_id, :node_index, :launch_id,
+       coalesce(CAST(:queue AS text), queue), coalesce(CAST(:priority AS bigint), priority),
+       :now, :delivery_count
+FROM dagwerk_runs WHERE run_id = :run_id;
+
+-- name: delivery_delete
+DELETE FROM dagwerk_deliveries WHERE delivery_id = :delivery_id;
+
+-- name: deliveries_list
+SELECT * FROM dagwerk_deliveries
+WHERE (CAST(:run_id AS text) IS NULL OR run_id = :run_id) ORDER BY seq;
+
+-- name: queue_candidates
+SELECT * FROM dagwerk_deliveries
+WHERE available_at <= :now
+  AND (CAST(:queues AS text) IS NULL
+       OR queue = ANY (ARRAY(SELECT jsonb_array_elements_text(CAST(:queues AS jsonb)))))
+ORDER BY priority DESC, available_at, seq
+LIMIT :limit
+FOR UPDATE SKIP LOCKED;
+
+-- name: queue_get
+SELECT 1 FROM dagwerk_deliveries WHERE delivery_id = :delivery_id FOR UPDATE;
+SELECT * FROM dagwerk_deliveries WHERE delivery_id = :delivery_id;
+
+-- name: queue_lease
+UPDATE dagwerk_deliveries
+SET lease_owner = :worker_id, lease_expires_at = :expires, available_at = :expires,
+    delivery_count = delivery_count + 1
+WHERE delivery_id = :delivery_id;
+
+-- name: queue_ack
+DELETE FROM dagwerk_deliveries WHERE delivery_id = :delivery_id AND lease_owner = :worker_id;
+
+-- name: queue_release
+UPDATE dagwerk_deliveries
+SET lease_owner = NULL, lease_expires_at = NULL, available_at = :available_at
+WHERE delivery_id = :delivery_id;
+
+-- name: queue_extend
+UPDATE dagwerk_deliveries SET lease_expires_at = :expires, available_at = :expires
+WHERE delivery_id = :delivery_id AND lease_owner = :worker_id AND lease_expires_at > :now;
+
+-- name: dead_letter_insert
+INSERT INTO dagwerk_dead_letters
+    (dead_letter_id, delivery_id, task_id, attempt_id, generation, run_id, node_index,
+     launch_id, queue, priority, delivery_count, reason, dead_at)
+SELECT :dead_letter_id, delivery_id, task_id, attempt_id, generation, run_id, node_index,
+       launch_id, queue, priority, delivery_count, :reason, :now
+FROM dagwerk_deliveries WHERE delivery_id = :delivery_id;
+
+-- name: dead_letter_get
+SELECT 1 FROM dagwerk_runs
+WHERE run_id = (SELECT run_id FROM dagwerk_dead_letters WHERE dead_letter_id = :dead_letter_id)
+FOR NO KEY UPDATE;
+SELECT * FROM dagwerk_dead_letters WHERE dead_letter_id = :dead_letter_id;
+
+-- name: dead_letters_list
+SELECT * FROM dagwerk_dead_letters
+WHERE (CAST(:run_id AS text) IS NULL OR run_id = :run_id) ORDER BY seq;
+
+-- name: dead_letter_mark_reinjected
+UPDATE dagwerk_dead_letters SET reinjected_attempt_id = :attempt_id
+WHERE dead_letter_id = :dead_letter_id AND reinjected_attempt_id IS NULL;
+
+-- name: schema_version_table
+-- The prelude serialises migrations of one schema across every process.
+SELECT pg_advisory_xact_lock(hashtext('dagwerk.migrate'), hashtext(:schema));
+SELECT count(*) AS n FROM pg_catalog.pg_tables
+WHERE schemaname = current_schema() AND tablename = 'dagwerk_schema_version';
+
+-- name: schema_version_get
+SELECT max(version) AS version FROM dagwerk_schema_version;
+
+-- name: schema_version_set
+INSERT INTO dagwerk_schema_version (version) VALUES (:version);
+
+-- name: schema_foreign_tables
+-- Other applications' tables may share the schema; what cannot be migrated
+-- is a dagwerk table without the version table (a half-made schema).
+SELECT count(*) AS n FROM pg_catalog.pg_tables
+WHERE schemaname = current_schema() AND tablename LIKE 'dagwerk\_%'
+  AND tablename <> 'dagwerk_schema_version';

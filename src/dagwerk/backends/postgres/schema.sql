@@ -1,0 +1,184 @@
+-- dagwerk PostgreSQL schema, current version: the sum of migrations/*.sql.
+-- A test proves that applying every migration gives exactly this schema.
+-- Objects are created in the first schema of the search_path (the store's
+-- schema). JSON is kept as text, not jsonb: the store compares and hashes
+-- the exact text it wrote, and jsonb would re-order keys.
+
+CREATE TABLE dagwerk_schema_version (
+    version BIGINT NOT NULL
+);
+
+CREATE TABLE dagwerk_runs (
+    run_id TEXT PRIMARY KEY,
+    nodes TEXT NOT NULL,
+    run_input TEXT NOT NULL,
+    failure_policy TEXT NOT NULL,
+    status TEXT NOT NULL,
+    retry_count BIGINT NOT NULL DEFAULT 0,
+    error TEXT,
+    -- Bumped by every terminal transition and reopen: older tokens go stale.
+    epoch BIGINT NOT NULL DEFAULT 0,
+    node_count BIGINT NOT NULL,
+    queue TEXT NOT NULL,
+    priority BIGINT NOT NULL,
+    created_at DOUBLE PRECISION NOT NULL DEFAULT 0,
+    finished_at DOUBLE PRECISION,
+    -- Creation order among runs created in the same instant.
+    seq BIGINT GENERATED ALWAYS AS IDENTITY
+);
+CREATE INDEX dagwerk_runs_created ON dagwerk_runs (created_at, seq);
+
+CREATE TABLE dagwerk_nodes (
+    run_id TEXT NOT NULL REFERENCES dagwerk_runs (run_id),
+    node_index BIGINT NOT NULL,
+    generation BIGINT NOT NULL DEFAULT 0,
+    revision BIGINT NOT NULL DEFAULT 0,
+    PRIMARY KEY (run_id, node_index)
+);
+
+CREATE TABLE dagwerk_launches (
+    launch_id TEXT PRIMARY KEY,
+    run_id TEXT NOT NULL REFERENCES dagwerk_runs (run_id),
+    node_index BIGINT NOT NULL,
+    generation BIGINT NOT NULL,
+    plugin TEXT NOT NULL,
+    disposition TEXT NOT NULL,
+    error TEXT NOT NULL,
+    task_count BIGINT NOT NULL,
+    completed BIGINT NOT NULL DEFAULT 0,
+    active BIGINT NOT NULL DEFAULT 1
+);
+CREATE UNIQUE INDEX dagwerk_launches_active
+    ON dagwerk_launches (run_id, node_index) WHERE active = 1;
+
+CREATE TABLE dagwerk_tasks (
+    seq BIGINT GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
+    task_id TEXT NOT NULL UNIQUE,
+    run_id TEXT NOT NULL REFERENCES dagwerk_runs (run_id),
+    node_index BIGINT NOT NULL,
+    generation BIGINT NOT NULL,
+    launch_id TEXT NOT NULL REFERENCES dagwerk_launches (launch_id),
+    status TEXT NOT NULL,
+    attempt_id TEXT NOT NULL,
+    plan TEXT NOT NULL,
+    error TEXT,
+    resumed_from_wait_id TEXT,
+    active_wait_id TEXT,
+    invalidated BIGINT NOT NULL DEFAULT 0,
+    completed_attempt_id TEXT,
+    completed_launch_complete BIGINT,
+    failure_attempt_id TEXT,
+    failure_status TEXT,
+    attempt_number BIGINT NOT NULL DEFAULT 1,
+    worker_id TEXT,
+    lost_deliveries BIGINT NOT NULL DEFAULT 0
+);
+CREATE INDEX dagwerk_tasks_run ON dagwerk_tasks (run_id, invalidated, status);
+CREATE INDEX dagwerk_tasks_launch ON dagwerk_tasks (launch_id, seq);
+
+CREATE TABLE dagwerk_attempts (
+    seq BIGINT GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
+    task_id TEXT NOT NULL REFERENCES dagwerk_tasks (task_id),
+    attempt_id TEXT NOT NULL,
+    number BIGINT NOT NULL,
+    status TEXT NOT NULL,
+    error TEXT,
+    worker_id TEXT,
+    resumed_from_wait_id TEXT
+);
+CREATE INDEX dagwerk_attempts_task ON dagwerk_attempts (task_id, seq);
+
+CREATE TABLE dagwerk_outputs (
+    seq BIGINT GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
+    run_id TEXT NOT NULL REFERENCES dagwerk_runs (run_id),
+    output_id TEXT NOT NULL,
+    node_index BIGINT NOT NULL,
+    fields TEXT NOT NULL,
+    data TEXT NOT NULL,
+    correlation_id TEXT,
+    routing_size BIGINT NOT NULL,
+    invalidated BIGINT NOT NULL DEFAULT 0,
+    -- Output IDs stay reserved for the run's lifetime, invalidated or not.
+    UNIQUE (run_id, output_id)
+);
+CREATE INDEX dagwerk_outputs_node ON dagwerk_outputs (run_id, node_index, invalidated, seq);
+
+CREATE TABLE dagwerk_waits (
+    task_id TEXT NOT NULL REFERENCES dagwerk_tasks (task_id),
+    wait_id TEXT NOT NULL,
+    attempt_id TEXT NOT NULL,
+    generation BIGINT NOT NULL,
+    state TEXT NOT NULL,
+    resumed_attempt_id TEXT,
+    response TEXT,
+    PRIMARY KEY (task_id, wait_id)
+);
+
+CREATE TABLE dagwerk_recoveries (
+    task_id TEXT NOT NULL REFERENCES dagwerk_tasks (task_id),
+    abandoned_attempt_id TEXT NOT NULL,
+    generation BIGINT NOT NULL,
+    recovered_attempt_id TEXT NOT NULL,
+    resumed_from_wait_id TEXT,
+    PRIMARY KEY (task_id, abandoned_attempt_id, generation)
+);
+
+CREATE TABLE dagwerk_deliveries (
+    seq BIGINT GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
+    delivery_id TEXT NOT NULL UNIQUE,
+    task_id TEXT NOT NULL REFERENCES dagwerk_tasks (task_id),
+    attempt_id TEXT NOT NULL,
+    generation BIGINT NOT NULL,
+    run_id TEXT NOT NULL,
+    node_index BIGINT NOT NULL,
+    launch_id TEXT NOT NULL,
+    queue TEXT NOT NULL,
+    priority BIGINT NOT NULL,
+    -- The visibility time: a lease or a nack delay moves it forward.
+    available_at DOUBLE PRECISION NOT NULL,
+    lease_owner TEXT,
+    lease_expires_at DOUBLE PRECISION,
+    delivery_count BIGINT NOT NULL DEFAULT 0
+);
+CREATE INDEX dagwerk_deliveries_ready
+    ON dagwerk_deliveries (priority DESC, available_at, seq);
+CREATE INDEX dagwerk_deliveries_task ON dagwerk_deliveries (task_id);
+CREATE INDEX dagwerk_deliveries_run ON dagwerk_deliveries (run_id, seq);
+
+CREATE TABLE dagwerk_dead_letters (
+    seq BIGINT GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
+    dead_letter_id TEXT NOT NULL UNIQUE,
+    delivery_id TEXT NOT NULL,
+    task_id TEXT NOT NULL REFERENCES dagwerk_tasks (task_id),
+    attempt_id TEXT NOT NULL,
+    generation BIGINT NOT NULL,
+    run_id TEXT NOT NULL,
+    node_index BIGINT NOT NULL,
+    launch_id TEXT NOT NULL,
+    queue TEXT NOT NULL,
+    priority BIGINT NOT NULL,
+    delivery_count BIGINT NOT NULL,
+    reason TEXT NOT NULL,
+    dead_at DOUBLE PRECISION NOT NULL,
+    reinjected_attempt_id TEXT
+);
+CREATE INDEX dagwerk_dead_letters_run ON dagwerk_dead_letters (run_id, seq);
+
+-- Idle workers LISTEN on channel dagwerk_work; the payload is the schema, so
+-- stores in other schemas of the same database ignore it. New queue rows and
+-- released leases notify; an expired lease does not (workers still poll at
+-- a slow interval as a backstop). NOTIFY is delivered at commit and folds
+-- duplicates, so a 1,000-row launch sends one notification.
+CREATE FUNCTION dagwerk_notify_work() RETURNS trigger LANGUAGE plpgsql AS $$
+BEGIN
+    PERFORM pg_notify('dagwerk_work', TG_TABLE_SCHEMA);
+    RETURN NULL;
+END;
+$$;
+CREATE TRIGGER dagwerk_deliveries_inserted
+    AFTER INSERT ON dagwerk_deliveries
+    FOR EACH STATEMENT EXECUTE FUNCTION dagwerk_notify_work();
+CREATE TRIGGER dagwerk_deliveries_released
+    AFTER UPDATE OF lease_owner ON dagwerk_deliveries
+    FOR EACH ROW WHEN (OLD.lease_owner IS NOT NULL AND NEW.lease_owner IS NULL)
+    EXECUTE FUNCTION dagwerk_notify_work();

@@ -1,0 +1,151 @@
+"""``PostgresStore``: one PostgreSQL server shared by workers on many machines."""
+
+from __future__ import annotations
+
+import re
+import time
+from collections.abc import Callable
+from types import TracebackType
+from urllib.parse import urlsplit
+
+import psycopg
+
+from dagwerk.backends.errors import StoreUnavailableError
+from dagwerk.backends.sql.store import SqlStore
+from dagwerk.limits import Limits
+from dagwerk.store import InvalidStoreValueError
+
+from .errors import translate_error
+from .gateway import PostgresGateway
+from .migrations import migrate
+
+__all__ = ["PostgresStore", "postgres_url"]
+
+_SCHEMES = ("postgresql", "postgres")
+# Schema names are spliced into DDL and connection options, so only plain
+# lower-case identifiers are accepted.
+_SCHEMA = re.compile(r"^[a-z_][a-z0-9_]{0,62}$")
+
+
+def postgres_url(url: object) -> str:
+    """``url`` if it is a ``postgresql://`` (or ``postgres://``) URL."""
+    if not isinstance(url, str):
+        raise InvalidStoreValueError("store URL must be a string", field="url")
+    if urlsplit(url).scheme not in _SCHEMES:
+        raise InvalidStoreValueError(f"{url!r} is not a postgresql:// URL", field="url")
+    if "\x00" in url:
+        raise InvalidStoreValueError("store URL contains a NUL character", field="url")
+    return url
+
+
+class PostgresStore(SqlStore):
+    """Every store protocol and the durable queue on one PostgreSQL server.
+
+    Opened from ``postgresql://user:pass@host:port/db``. Opening migrates the
+    schema forward (serialised across processes by an advisory lock) and
+    refuses a schema newer than this dagwerk (``SchemaTooNewError``, code
+    ``"schema_too_new"``). Every transition is one READ COMMITTED transaction
+    that first locks its run's row, so transitions of one run are serialised
+    while different runs proceed in parallel; ``dequeue`` leases rows with
+    ``FOR UPDATE SKIP LOCKED``, so workers never wait for each other there.
+    Reads are REPEATABLE READ snapshots. Driver errors surface as
+    :mod:`dagwerk.backends.errors`; text with a NUL character or an integer
+    outside 64 bits raises :class:`~dagwerk.store.InvalidStoreValueError`
+    (:class:`~dagwerk.store.OutputPublicationError` inside outputs) before
+    anything is written.
+
+    ``schema`` puts every table in that PostgreSQL schema (created if
+    missing; default: the connection's current schema, usually ``public``).
+    ``pool_size`` bounds this process's connections; ``reconnect_timeout``
+    is how long a call waits for the server (a restart, say) before
+    ``StoreUnavailableError``. ``application_name`` labels the connections
+    in ``pg_stat_activity``. ``clock``, ``max_deliveries``,
+    ``default_queue`` and ``default_priority`` are as for
+    :class:`~dagwerk.backends.sqlite.SqliteStore`.
+    """
+
+    def __init__(
+        self,
+        url: str,
+        *,
+        limits: Limits | None = None,
+        clock: Callable[[], float] = time.time,
+        max_deliveries: int = 3,
+        default_queue: str = "default",
+        default_priority: int = 0,
+        pool_size: int = 4,
+        schema: str | None = None,
+        reconnect_timeout: float = 30.0,
+        application_name: str = "dagwerk",
+    ) -> None:
+        url = postgres_url(url)
+        if schema is not None and (not isinstance(schema, str) or not _SCHEMA.match(schema)):
+            raise InvalidStoreValueError(
+                "schema must be a lower-case identifier of at most 63 characters", field="schema"
+            )
+        if type(pool_size) is not int or pool_size < 1:
+            raise InvalidStoreValueError("pool_size must be an int >= 1", field="pool_size")
+        gateway = PostgresGateway(
+            url,
+            schema=schema,
+            pool_size=pool_size,
+            reconnect_timeout=reconnect_timeout,
+            application_name=application_name,
+        )
+        try:
+            self.schema = schema if schema is not None else _current_schema(gateway)
+            gateway.notify_payload = self.schema
+            migrate(gateway, self.schema)
+            super().__init__(
+                gateway,
+                limits=limits,
+                clock=clock,
+                max_deliveries=max_deliveries,
+                default_queue=default_queue,
+                default_priority=default_priority,
+            )
+        except BaseException:
+            gateway.close()
+            raise
+        self._pg = gateway
+
+    # -- waking idle workers ------------------------------------------------------------
+
+    def wait_for_work(self, timeout: float) -> bool:
+        """Block until queue work may have become available, at most ``timeout``
+        seconds; True if woken by a notification (``dequeue(wait_seconds=...)``
+        does this between attempts). See :meth:`PostgresGateway.wait_for_work`."""
+        return self._pg.wait_for_work(timeout)
+
+    # -- lifetime -------------------------------------------------------------------------
+
+    def close(self) -> None:
+        """Close this process's connections; the store is unusable afterwards."""
+        self._pg.close()
+
+    def __enter__(self) -> PostgresStore:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.close()
+
+
+def _current_schema(gateway: PostgresGateway) -> str:
+    conn = gateway.connect()
+    try:
+        row = conn.execute("SELECT current_schema() AS schema").fetchone()
+    except psycopg.Error as exc:
+        raise translate_error(exc, "cannot read the current schema") from exc
+    finally:
+        conn.close()
+    if row is None or row["schema"] is None:
+        raise StoreUnavailableError(
+            "the connection's search_path names no existing schema; pass schema=..."
+        )
+    schema: str = row["schema"]
+    return schema

@@ -1,0 +1,136 @@
+"""Shared pieces of the runtime commands: options, JSON input, tables, exit codes.
+
+Holds no commands itself. Heavy imports (the engine, rich) happen inside
+functions so that ``dagwerk --help`` stays quick.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from collections.abc import Callable, Sequence
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, TypeVar
+
+import click
+
+from dagwerk.cli.app import EXIT_FAILURE, InvalidInputError, safe_line
+
+if TYPE_CHECKING:
+    from dagwerk.constants import RunStatus
+    from dagwerk.engine import Engine
+
+__all__ = [
+    "db_option",
+    "echo_json",
+    "exit_code_for",
+    "format_time",
+    "is_terminal",
+    "json_option",
+    "open_engine",
+    "parse_json_argument",
+    "read_run_input",
+    "render_table",
+]
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+DB_HELP = "Database URL: sqlite:///path.db (default ./dagwerk.db), memory:// or postgresql://..."
+
+
+def db_option(fn: F) -> F:
+    """``--db URL`` (also ``DAGWERK_DB``), default ``sqlite:///dagwerk.db``."""
+    option = click.option(
+        "--db",
+        "db",
+        envvar="DAGWERK_DB",
+        default="sqlite:///dagwerk.db",
+        show_default=True,
+        metavar="URL",
+        help=DB_HELP + " Also DAGWERK_DB.",
+    )
+    return option(fn)
+
+
+def json_option(fn: F) -> F:
+    """``--json``: machine-readable output on stdout."""
+    return click.option("--json", "as_json", is_flag=True, help="Print JSON for scripts.")(fn)
+
+
+def open_engine(db: str) -> Engine:
+    """An engine on ``db``; a bad URL is invalid input (exit 2)."""
+    from dagwerk.engine import Engine
+
+    return Engine(db)
+
+
+def parse_json_argument(text: str, what: str) -> object:
+    """``text`` parsed as JSON; invalid JSON is invalid input (exit 2)."""
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError as error:
+        raise InvalidInputError(f"{what} is not valid JSON: {error}") from None
+
+
+def read_run_input(input_text: str | None, input_file: str | None) -> dict[str, object] | None:
+    """The run input from ``--input JSON`` or ``--input-file F`` (a JSON object)."""
+    if input_text is not None and input_file is not None:
+        raise InvalidInputError("give --input or --input-file, not both")
+    if input_file is not None:
+        try:
+            input_text = Path(input_file).read_text(encoding="utf-8")
+        except OSError as error:
+            raise InvalidInputError(f"cannot read {input_file}: {error.strerror}") from None
+    if input_text is None:
+        return None
+    value = parse_json_argument(input_text, "--input-file" if input_file else "--input")
+    if not isinstance(value, dict):
+        raise InvalidInputError("run input must be a JSON object")
+    return value
+
+
+def exit_code_for(status: RunStatus) -> int:
+    """0 for COMPLETED, 1 for any other status."""
+    from dagwerk.constants import RunStatus
+
+    return 0 if status is RunStatus.COMPLETED else EXIT_FAILURE
+
+
+def echo_json(value: object) -> None:
+    click.echo(json.dumps(value, ensure_ascii=False, sort_keys=False, default=str))
+
+
+def is_terminal() -> bool:
+    """Whether stdout is an interactive terminal (rich output) or a pipe/file (plain)."""
+    return sys.stdout.isatty()
+
+
+def format_time(timestamp: float | None) -> str:
+    if timestamp is None:
+        return "-"
+    return datetime.fromtimestamp(timestamp, tz=UTC).strftime("%Y-%m-%d %H:%M:%S")
+
+
+def render_table(title: str, headers: Sequence[str], rows: Sequence[Sequence[object]]) -> None:
+    """A rich table on a terminal; aligned plain columns (one row per line) otherwise."""
+    cells = [[safe_line("-" if value is None else str(value)) for value in row] for row in rows]
+    if is_terminal():
+        from rich.console import Console
+        from rich.table import Table
+
+        table = Table(title=title, title_justify="left")
+        for header in headers:
+            table.add_column(header, overflow="fold")
+        for row in cells:
+            table.add_row(*row)
+        Console(highlight=False).print(table)
+        return
+    click.echo(f"{title}:")
+    if not cells:
+        click.echo("  (none)")
+        return
+    widths = [max(len(header), *(len(row[i]) for row in cells)) for i, header in enumerate(headers)]
+    click.echo("  " + "  ".join(h.ljust(w) for h, w in zip(headers, widths, strict=True)).rstrip())
+    for row in cells:
+        click.echo("  " + "  ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)).rstrip())

@@ -1,0 +1,235 @@
+"""Commands that read runs: ``runs`` and ``show``."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+import click
+
+from dagwerk.cli.app import safe_line
+from dagwerk.cli.commands_common import (
+    db_option,
+    echo_json,
+    format_time,
+    json_option,
+    open_engine,
+    render_table,
+)
+
+if TYPE_CHECKING:
+    from dagwerk.engine import Engine
+
+__all__ = ["runs", "show"]
+
+_STATUSES = ["pending", "running", "completed", "failed", "crashed", "cancelled"]
+
+
+@click.command()
+@db_option
+@click.option("--status", type=click.Choice(_STATUSES), help="Only runs with this status.")
+@click.option("--limit", default=50, show_default=True, type=click.IntRange(1, 10_000))
+@json_option
+def runs(db: str, status: str | None, limit: int, as_json: bool) -> None:
+    """List runs, newest first.
+
+    \b
+    Examples:
+      dagwerk runs
+      dagwerk runs --status failed --json
+    """
+    with open_engine(db) as engine:
+        records = engine.list_runs(status=status, limit=limit)
+    if as_json:
+        echo_json([_run_json(record) for record in records])
+        return
+    rows = [
+        (
+            r.run_id,
+            r.status.value,
+            f"{r.settled_nodes}/{r.node_count}",
+            r.retry_count,
+            format_time(getattr(r, "created_at", None)),
+            r.error,
+        )
+        for r in records
+    ]
+    render_table("runs", ("run", "status", "nodes", "retries", "created", "error"), rows)
+
+
+def _run_json(record: Any) -> dict[str, Any]:
+    return {
+        "run_id": record.run_id,
+        "status": record.status.value,
+        "failure_policy": record.failure_policy.value,
+        "retry_count": record.retry_count,
+        "error": record.error,
+        "node_count": record.node_count,
+        "settled_nodes": record.settled_nodes,
+        "created_at": getattr(record, "created_at", None),
+        "finished_at": getattr(record, "finished_at", None),
+    }
+
+
+def _attempts(engine: Engine, task_id: str) -> list[dict[str, Any]] | None:
+    if not hasattr(engine.store, "list_attempts"):
+        return None
+    return [
+        {
+            "attempt_id": a.attempt_id,
+            "number": a.number,
+            "status": a.status.value if a.status is not None else None,
+            "error": a.error,
+            "worker_id": a.worker_id,
+            "resumed_from_wait_id": a.resumed_from_wait_id,
+        }
+        for a in engine.list_attempts(task_id)
+    ]
+
+
+def describe_run(engine: Engine, run_id: str) -> dict[str, Any]:
+    """Everything ``show`` prints, as one JSON-ready dict."""
+    from dagwerk.engine import RunNotFoundError
+
+    record = engine.get_run(run_id)
+    if record is None:
+        raise RunNotFoundError(f"run {run_id!r} does not exist", field="run_id")
+    nodes = engine.nodes(run_id)
+    launches = engine.store.list_node_launches(run_id)
+    tasks = engine.list_tasks(run_id)
+    per_node: dict[int, dict[str, int]] = {}
+    for task in tasks:
+        counts = per_node.setdefault(task.node_index, {})
+        counts[task.status.value] = counts.get(task.status.value, 0) + 1
+    node_rows = []
+    for index, node in enumerate(nodes):
+        launch = launches.get(index)
+        node_rows.append(
+            {
+                "slug": node.slug,
+                "plugin": node.plugin,
+                "input_mode": node.input_mode.value if node.input_mode else "-",
+                "disposition": launch.disposition.value if launch is not None else None,
+                "generation": launch.generation if launch is not None else None,
+                "complete": launch.complete if launch is not None else False,
+                "error": (launch.error or None) if launch is not None else None,
+                "tasks": per_node.get(index, {}),
+            }
+        )
+    task_rows = []
+    for task in tasks:
+        task_rows.append(
+            {
+                "task_id": task.task_id,
+                "node": nodes[task.node_index].slug,
+                "status": task.status.value,
+                "attempt_id": task.attempt_id,
+                "attempt": getattr(task, "attempt_number", None),
+                "generation": task.generation,
+                "error": task.error,
+                "waiting_on": task.active_wait_id,
+                "resumed_from_wait_id": task.resumed_from_wait_id,
+                "attempts": _attempts(engine, task.task_id),
+            }
+        )
+    letters = [
+        {
+            "dead_letter_id": d.dead_letter_id,
+            "task_id": d.task_id,
+            "reason": d.reason,
+            "reinjected_attempt_id": d.reinjected_attempt_id,
+        }
+        for d in engine.list_dead_letters(run_id)
+    ]
+    return {
+        "run": _run_json(record),
+        "nodes": node_rows,
+        "tasks": task_rows,
+        "waits": [
+            {"task_id": t["task_id"], "node": t["node"], "wait_id": t["waiting_on"]}
+            for t in task_rows
+            if t["waiting_on"]
+        ],
+        "dead_letters": letters,
+    }
+
+
+@click.command()
+@click.argument("run_id", metavar="RUN")
+@db_option
+@json_option
+def show(run_id: str, db: str, as_json: bool) -> None:
+    """Show a run: its nodes and their dispositions, tasks, attempts, errors and waits.
+
+    \b
+    Examples:
+      dagwerk show run-1f2e3d4c5b6a7980
+      dagwerk show run-1f2e3d4c5b6a7980 --json | jq '.tasks[] | select(.error)'
+    """
+    with open_engine(db) as engine:
+        described = describe_run(engine, run_id)
+    if as_json:
+        echo_json(described)
+        return
+    run = described["run"]
+    click.echo(
+        safe_line(
+            f"run {run['run_id']}: {run['status']} "
+            f"(nodes {run['settled_nodes']}/{run['node_count']}, "
+            f"policy {run['failure_policy']}, retries {run['retry_count']})"
+        )
+    )
+    if run["error"]:
+        click.echo(safe_line(f"error: {run['error']}"))
+    render_table(
+        "nodes",
+        ("node", "plugin", "mode", "disposition", "gen", "tasks"),
+        [
+            (
+                n["slug"],
+                n["plugin"],
+                n["input_mode"],
+                n["disposition"] or "not launched",
+                n["generation"],
+                ", ".join(f"{count} {status}" for status, count in n["tasks"].items()) or "-",
+            )
+            for n in described["nodes"]
+        ],
+    )
+    render_table(
+        "tasks",
+        ("task", "node", "status", "attempt", "error / wait"),
+        [
+            (
+                t["task_id"],
+                t["node"],
+                t["status"],
+                t["attempt"] if t["attempt"] is not None else t["attempt_id"],
+                t["error"] or (f"waiting on {t['waiting_on']}" if t["waiting_on"] else None),
+            )
+            for t in described["tasks"]
+        ],
+    )
+    failed_attempts = [
+        (t["task_id"], a["number"], a["status"], a["error"])
+        for t in described["tasks"]
+        for a in (t["attempts"] or [])
+        if a["error"]
+    ]
+    if failed_attempts:
+        render_table("failed attempts", ("task", "attempt", "status", "error"), failed_attempts)
+    for wait in described["waits"]:
+        click.echo(
+            safe_line(
+                f"waiting: task {wait['task_id']} ({wait['node']}) on {wait['wait_id']}; "
+                f"resume: dagwerk resume {wait['task_id']} {wait['wait_id']} --response JSON"
+            )
+        )
+    if described["dead_letters"]:
+        render_table(
+            "dead letters",
+            ("id", "task", "reason", "reinjected as"),
+            [
+                (d["dead_letter_id"], d["task_id"], d["reason"], d["reinjected_attempt_id"])
+                for d in described["dead_letters"]
+            ],
+        )

@@ -1,0 +1,322 @@
+"""Commands that start work: ``run``, ``submit`` and ``worker``."""
+
+from __future__ import annotations
+
+import json
+import signal
+import sys
+import threading
+from collections.abc import Sequence
+from pathlib import Path
+from types import FrameType
+from typing import TYPE_CHECKING
+
+import click
+
+from dagwerk.cli.app import InvalidInputError, safe_line
+from dagwerk.cli.commands_common import (
+    db_option,
+    echo_json,
+    exit_code_for,
+    is_terminal,
+    json_option,
+    open_engine,
+    read_run_input,
+)
+
+if TYPE_CHECKING:
+    from dagwerk.engine import Engine, RunProgress, RunResult
+    from dagwerk.pipeline_file import Pipeline
+
+__all__ = ["run", "submit", "worker"]
+
+_PIPELINE = click.Path(dir_okay=False, path_type=str)
+_EXECUTORS = click.Choice(["thread", "process", "async"])
+
+
+def _plugins_option(fn: click.decorators.FC) -> click.decorators.FC:
+    return click.option(
+        "--plugins",
+        "plugin_modules",
+        multiple=True,
+        metavar="MODULE",
+        help="Import this plugin module (dotted name or .py file) first; repeatable.",
+    )(fn)
+
+
+def _input_options(fn: click.decorators.FC) -> click.decorators.FC:
+    fn = click.option(
+        "--input-file", type=click.Path(dir_okay=False), help="Read the run input (JSON) from F."
+    )(fn)
+    return click.option(
+        "--input", "input_text", metavar="JSON", help="Run input as a JSON object."
+    )(fn)
+
+
+def _load(pipeline_file: str, engine: Engine, extra_modules: Sequence[str]) -> Pipeline:
+    from dagwerk.pipeline_file import load_pipeline
+
+    pipeline = load_pipeline(pipeline_file)
+    engine.load_plugins(pipeline.plugins, base_dir=Path(pipeline.source).parent)
+    engine.load_plugins(extra_modules)
+    return pipeline
+
+
+def _check_plugins(pipeline: Pipeline, engine: Engine) -> None:
+    """Every node's plugin must be known before anything is stored (exit 2)."""
+    for node in pipeline.nodes:
+        if node.plugin in engine.plugins or ":" in node.plugin:
+            continue
+        raise InvalidInputError(
+            f"{pipeline.source}: node '{node.slug}': no plugin is registered as "
+            f"'{node.plugin}'; list its module under 'plugins:' or pass --plugins MODULE"
+        )
+
+
+def _sinks(result: RunResult, pipeline: Pipeline) -> list[str]:
+    sources = {edge.source for node in pipeline.nodes for edge in node.edges}
+    return [node.slug for node in pipeline.nodes if node.slug not in sources]
+
+
+def _print_result(result: RunResult, pipeline: Pipeline) -> None:
+    task_count = sum(len(outputs) for outputs in result.outputs.values())
+    click.echo(f"run {result.run_id}: {result.status.value} ({task_count} outputs)")
+    if result.error:
+        click.echo(f"  error: {safe_line(result.error)}")
+    for slug in _sinks(result, pipeline):
+        outputs = result.outputs.get(slug, ())
+        for output in outputs[:5]:
+            fields = json.dumps(dict(output.fields), ensure_ascii=False, default=str)
+            click.echo(safe_line(f"  {slug} -> {fields}"))
+        if len(outputs) > 5:
+            click.echo(f"  {slug} -> ... {len(outputs) - 5} more")
+    if not result.ok:
+        click.echo(f"  inspect: dagwerk show {result.run_id}; retry: dagwerk retry {result.run_id}")
+
+
+class _PlainProgress:
+    """Prints the progress line whenever it changes (pipes, files, CI logs)."""
+
+    def __init__(self, err: bool) -> None:
+        self._last = ""
+        self._err = err
+
+    def __call__(self, progress: RunProgress) -> None:
+        line = progress.summary()
+        if line != self._last:
+            self._last = line
+            click.echo(f"[{progress.run_id}] {line}", err=self._err)
+
+
+@click.command()
+@click.argument("pipeline_file", metavar="PIPELINE", type=_PIPELINE)
+@_input_options
+@db_option
+@click.option("--workers", default=2, show_default=True, type=click.IntRange(1, 256))
+@click.option("--executor", type=_EXECUTORS, default="thread", show_default=True)
+@_plugins_option
+@click.option("--timeout", type=click.FloatRange(min=0, min_open=True), help="Give up after S s.")
+@click.option("--run-id", help="Use this run ID (default: a fresh one).")
+@json_option
+def run(
+    *,
+    pipeline_file: str,
+    input_text: str | None,
+    input_file: str | None,
+    db: str,
+    workers: int,
+    executor: str,
+    plugin_modules: tuple[str, ...],
+    timeout: float | None,
+    run_id: str | None,
+    as_json: bool,
+) -> None:
+    """Run a pipeline file to the end in this process and print the result.
+
+    Shows live progress (nodes settled, tasks done / running / failed), then
+    the outputs of the last nodes. Exits 0 when the run COMPLETED, 1 when it
+    FAILED, CRASHED or was CANCELLED, 2 for invalid input. The run is stored
+    in --db, so `dagwerk show` and `dagwerk retry` work on it afterwards.
+
+    \b
+    Examples:
+      dagwerk run examples/pipelines/etl.yaml
+      dagwerk run examples/pipelines/etl.yaml --input '{"since": "2024-06-01"}' --json
+    """
+    run_input = read_run_input(input_text, input_file)
+    with open_engine(db) as engine:
+        pipeline = _load(pipeline_file, engine, plugin_modules)
+        _check_plugins(pipeline, engine)
+        if is_terminal() and not as_json:
+            result = _run_with_live_display(
+                engine,
+                pipeline,
+                run_input=run_input,
+                workers=workers,
+                executor=executor,
+                timeout=timeout,
+                run_id=run_id,
+            )
+        else:
+            result = engine.run(
+                pipeline,
+                run_input,
+                workers=workers,
+                executor=executor,
+                timeout=timeout,
+                run_id=run_id,
+                on_progress=_PlainProgress(err=as_json),
+            )
+        if as_json:
+            echo_json(result.to_json())
+        else:
+            _print_result(result, pipeline)
+    sys.exit(exit_code_for(result.status))
+
+
+def _run_with_live_display(
+    engine: Engine,
+    pipeline: Pipeline,
+    *,
+    run_input: dict[str, object] | None,
+    workers: int,
+    executor: str,
+    timeout: float | None,
+    run_id: str | None,
+) -> RunResult:
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn
+
+    columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn())
+    with Progress(*columns, transient=False) as display:
+        bar = display.add_task(f"{pipeline.name}: starting", total=len(pipeline.nodes))
+
+        def update(progress: RunProgress) -> None:
+            display.update(
+                bar,
+                completed=progress.nodes_settled,
+                total=progress.nodes_total,
+                description=safe_line(f"{pipeline.name} {progress.summary()}"),
+            )
+
+        return engine.run(
+            pipeline,
+            run_input,
+            workers=workers,
+            executor=executor,
+            timeout=timeout,
+            run_id=run_id,
+            on_progress=update,
+        )
+
+
+@click.command()
+@click.argument("pipeline_file", metavar="PIPELINE", type=_PIPELINE)
+@_input_options
+@db_option
+@click.option("--run-id", help="Use this run ID (default: a fresh one).")
+@json_option
+def submit(
+    *,
+    pipeline_file: str,
+    input_text: str | None,
+    input_file: str | None,
+    db: str,
+    run_id: str | None,
+    as_json: bool,
+) -> None:
+    """Store and start a run of a pipeline file; print its ID and return.
+
+    Workers (`dagwerk worker`) serving the same database do the work.
+
+    \b
+    Examples:
+      dagwerk submit examples/pipelines/approval.yaml --input '{"topic": "dagwerk 1.0"}'
+      dagwerk worker --pipeline examples/pipelines/approval.yaml
+    """
+    from dagwerk.pipeline_file import load_pipeline
+
+    run_input = read_run_input(input_text, input_file)
+    pipeline = load_pipeline(pipeline_file)
+    with open_engine(db) as engine:
+        new_id = engine.submit(pipeline, run_input, run_id=run_id)
+    if as_json:
+        echo_json({"run_id": new_id})
+    else:
+        click.echo(new_id)
+
+
+@click.command()
+@db_option
+@click.option("--concurrency", default=4, show_default=True, type=click.IntRange(1, 1024))
+@click.option("--executor", type=_EXECUTORS, default="thread", show_default=True)
+@_plugins_option
+@click.option(
+    "--pipeline",
+    "pipelines",
+    multiple=True,
+    type=_PIPELINE,
+    metavar="FILE",
+    help="Import the plugin modules this pipeline file lists; repeatable.",
+)
+@click.option("--burst", is_flag=True, help="Exit once no work is deliverable.")
+def worker(
+    *,
+    db: str,
+    concurrency: int,
+    executor: str,
+    plugin_modules: tuple[str, ...],
+    pipelines: tuple[str, ...],
+    burst: bool,
+) -> None:
+    """Serve the database's queue: run the tasks of every run stored there.
+
+    Start as many as you like, in as many processes or machines as share the
+    database. SIGINT (Ctrl-C) or SIGTERM stops admission, aborts attempts in
+    flight and gives their deliveries back for another worker; a second
+    signal is not needed. With --burst it exits when nothing is deliverable.
+
+    \b
+    Examples:
+      dagwerk worker --pipeline examples/pipelines/etl.yaml --concurrency 8
+      dagwerk worker --plugins myproject.plugins --executor process
+      dagwerk worker --plugins examples/pipelines/flaky_plugins.py --burst
+    """
+    from dagwerk.pipeline_file import load_pipeline
+
+    with open_engine(db) as engine:
+        for pipeline_file in pipelines:
+            pipeline = load_pipeline(pipeline_file)
+            engine.load_plugins(pipeline.plugins, base_dir=Path(pipeline.source).parent)
+        engine.load_plugins(plugin_modules)
+        # Plugins named by import path resolve against the current directory,
+        # as they would for `python -m`.
+        if "" not in sys.path and str(Path.cwd()) not in sys.path:
+            sys.path.append(str(Path.cwd()))
+        serving = engine.worker(concurrency=concurrency, executor=executor)
+        if burst:
+            handled = serving.run_until_idle()
+            click.echo(f"worker {serving.worker_id}: handled {handled} deliveries", err=True)
+            return
+        stop = threading.Event()
+
+        def request_stop(signum: int, frame: FrameType | None) -> None:
+            stop.set()
+
+        previous = {
+            sig: signal.signal(sig, request_stop) for sig in (signal.SIGINT, signal.SIGTERM)
+        }
+        try:
+            click.echo(
+                f"worker {serving.worker_id} serving {db} "
+                f"(concurrency {concurrency}, {executor}); Ctrl-C to stop",
+                err=True,
+            )
+            serving.start()
+            while not stop.wait(0.5):
+                pass
+            click.echo(f"worker {serving.worker_id}: stopping", err=True)
+            serving.stop()
+        finally:
+            for sig, handler in previous.items():
+                signal.signal(sig, handler)
+        click.echo(f"worker {serving.worker_id}: stopped", err=True)

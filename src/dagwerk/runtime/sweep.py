@@ -1,0 +1,144 @@
+"""The idle sweep of stale tasks (WK-17..WK-21).
+
+A RUNNING task whose delivery still exists is recovered by redelivery: once
+its lease expires any worker leases the row and reclaims the task. The sweep
+covers the rest: a RUNNING task with no queue row at all (its row was acked,
+parked or lost), which no redelivery will ever reach.
+
+The sweep runs from an idle worker at most once per lease duration; the first
+idle tick sweeps, the throttle clock advances after the sweep, and
+overlapping sweeps are suppressed. Per stale task it re-reads the task and,
+in the seed's write order (OB-06), lets the store advance the attempt and
+write the new attempt's queue row and status in one commit
+(``try_recover_task``, fenced by the attempt ID: of two concurrent sweeps
+one requeues and the other replays the same result). A task already at its
+attempt bound is crashed as abandoned and the run follows its failure
+policy. A sweep failure is reported, never raised.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from dagwerk.constants import RunStatus, TaskStatus
+from dagwerk.execution import recover_task
+from dagwerk.orchestrator import on_task_crashed
+
+if TYPE_CHECKING:
+    from dagwerk.runtime.worker import Worker
+
+__all__ = ["StaleSweeper", "SweepReport"]
+
+_LOG = logging.getLogger("dagwerk.runtime.sweep")
+
+# Runs examined per sweep; the sweep is a backstop, not a scan of history.
+SWEEP_RUN_LIMIT = 1_000
+
+
+@dataclass(frozen=True, slots=True)
+class SweepReport:
+    """What one sweep did with one task: ``requeued``, ``abandoned``,
+    ``skipped`` or ``failed`` (``sweep_failed`` for the whole pass)."""
+
+    task_id: str
+    action: str
+    detail: str = ""
+
+
+class StaleSweeper:
+    """The throttled sweep of one worker."""
+
+    def __init__(self, worker: Worker) -> None:
+        self._worker = worker
+        self._lock = threading.Lock()
+        self._running = False
+        self._last: float | None = None
+        self.reports: list[SweepReport] = []
+
+    def maybe_sweep(self) -> list[SweepReport]:
+        """Sweep if no sweep ran within the last lease duration and none is
+        running; the reports of this sweep (empty when throttled)."""
+        clock = self._worker.clock
+        with self._lock:
+            now = clock.monotonic()
+            if self._running or (
+                self._last is not None and now - self._last < self._worker.lease_seconds
+            ):
+                return []
+            self._running = True
+        try:
+            found = self.sweep()
+        finally:
+            with self._lock:
+                # The throttle clock advances after the sweep (WK-17).
+                self._last = clock.monotonic()
+                self._running = False
+        self.reports.extend(found)
+        return found
+
+    def sweep(self) -> list[SweepReport]:
+        """One unthrottled pass over the RUNNING runs."""
+        store = self._worker.store
+        try:
+            runs = store.list_runs(status=RunStatus.RUNNING, limit=SWEEP_RUN_LIMIT)
+        except Exception as exc:
+            _LOG.exception("stale sweep failed")
+            return [SweepReport("", "sweep_failed", f"{type(exc).__name__}: {exc}")]
+        reports: list[SweepReport] = []
+        for run in runs:
+            try:
+                rows = {(d.task_id, d.attempt_id) for d in store.list_deliveries(run.run_id)}
+                tasks = store.list_tasks(run.run_id)
+            except Exception as exc:
+                reports.append(SweepReport("", "failed", f"{type(exc).__name__}: {exc}"))
+                continue
+            for record in tasks:
+                if record.status is not TaskStatus.RUNNING:
+                    continue
+                if (record.task_id, record.attempt_id) in rows:
+                    continue  # its delivery's redelivery reclaims it (WK-18: lease live or due)
+                try:
+                    reports.append(self._sweep_task(record.task_id, record.attempt_id))
+                except Exception as exc:  # one task never stops the pass (WK-19)
+                    _LOG.exception("sweeping task %s failed", record.task_id)
+                    reports.append(
+                        SweepReport(record.task_id, "failed", f"{type(exc).__name__}: {exc}")
+                    )
+        return reports
+
+    def _sweep_task(self, task_id: str, attempt_id: str) -> SweepReport:
+        worker = self._worker
+        store = worker.store
+        fresh = store.get_task(task_id)
+        if (
+            fresh is None
+            or fresh.status is not TaskStatus.RUNNING
+            or fresh.attempt_id != attempt_id
+        ):
+            return SweepReport(task_id, "skipped", "no longer running")
+        nodes = store.get_run_nodes(fresh.run_id)
+        if nodes is None:
+            return SweepReport(task_id, "skipped", "run missing")
+        node = nodes[fresh.node_index]
+        bound = worker.max_deliveries
+        if node.retry is not None:
+            bound = max(bound, node.retry.max_attempts)
+        if fresh.attempt_number >= bound:
+            reason = f"abandoned after {fresh.attempt_number} attempts"
+            on_task_crashed(
+                store,
+                task_id=task_id,
+                expected_attempt_id=attempt_id,
+                error_message=reason,
+                callbacks=worker.callbacks,
+            )
+            return SweepReport(task_id, "abandoned", reason)
+        recovered = recover_task(
+            store, task_id, expected_attempt_id=attempt_id, expected_generation=fresh.generation
+        )
+        if recovered is None:
+            return SweepReport(task_id, "skipped", "recovery refused")
+        return SweepReport(task_id, "requeued", recovered.recovered_attempt_id)

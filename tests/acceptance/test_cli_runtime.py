@@ -1,0 +1,235 @@
+"""The ``dagwerk`` command as a subprocess against a temporary SQLite file:
+run, fail, retry, cancel, resume, dlq, graph, worker shutdown, help and exit codes."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+PIPELINES = ROOT / "examples" / "pipelines"
+ETL = str(PIPELINES / "etl.yaml")
+FLAKY = str(PIPELINES / "flaky.yaml")
+APPROVAL = str(PIPELINES / "approval.yaml")
+
+
+class Cli:
+    def __init__(self, tmp_path: Path) -> None:
+        self.cwd = tmp_path
+        self.db = f"sqlite:///{tmp_path / 'cli.db'}"
+
+    def env(self, extra: dict[str, str] | None = None) -> dict[str, str]:
+        env = {
+            k: v for k, v in os.environ.items() if k not in ("DAGWERK_DEBUG", "FLAKY_STORE_DOWN")
+        }
+        env["DAGWERK_DB"] = self.db
+        env.update(extra or {})
+        return env
+
+    def __call__(
+        self, *args: str, env: dict[str, str] | None = None
+    ) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            [sys.executable, "-m", "dagwerk", *args],
+            cwd=self.cwd,
+            env=self.env(env),
+            capture_output=True,
+            text=True,
+            timeout=180,
+            check=False,
+        )
+
+    def json(self, *args: str) -> Any:
+        result = self(*args, "--json")
+        assert result.returncode == 0, result.stderr
+        return json.loads(result.stdout)
+
+
+@pytest.fixture
+def cli(tmp_path: Path) -> Cli:
+    return Cli(tmp_path)
+
+
+def test_run_completes_the_etl_example_and_exits_0(cli: Cli) -> None:
+    result = cli("run", ETL)
+    assert result.returncode == 0, result.stderr
+    assert "completed" in result.stdout
+    assert "report -> " in result.stdout and "Conference Table" in result.stdout
+    # Progress is plain lines when stdout is not a terminal.
+    assert "nodes 7/7" in result.stdout
+
+
+def test_run_json_and_failure_exit_1_then_retry_and_worker_complete_it(cli: Cli) -> None:
+    failed = cli("run", FLAKY, "--json", env={"FLAKY_STORE_DOWN": "1"})
+    assert failed.returncode == 1, failed.stderr
+    document = json.loads(failed.stdout)
+    assert document["status"] == "failed"
+    assert "page store is down" in document["error"]
+    run_id = document["run_id"]
+
+    shown = cli.json("show", run_id)
+    assert shown["run"]["status"] == "failed"
+    by_node = {node["slug"]: node for node in shown["nodes"]}
+    assert by_node["fetch"]["tasks"] == {"completed": 1}
+    assert by_node["store"]["tasks"] == {"failed": 1}
+
+    retried = cli.json("retry", run_id, "--from", "store")
+    assert retried == {"run_id": run_id, "retry_count": 1, "nodes": ["store"]}
+    worked = cli("worker", "--pipeline", FLAKY, "--burst")
+    assert worked.returncode == 0, worked.stderr
+    assert cli.json("show", run_id)["run"]["status"] == "completed"
+    # A completed run cannot be retried: one line on stderr, exit 1.
+    again = cli("retry", run_id)
+    assert again.returncode == 1
+    assert again.stderr.count("\n") == 1 and "cannot be retried" in again.stderr
+
+
+def test_submit_then_cancel(cli: Cli) -> None:
+    submitted = cli("submit", APPROVAL, "--input", '{"topic": "cancel me"}')
+    assert submitted.returncode == 0, submitted.stderr
+    run_id = submitted.stdout.strip()
+    cancelled = cli("cancel", run_id, "--reason", "not needed")
+    assert cancelled.returncode == 0, cancelled.stderr
+    assert cli.json("show", run_id)["run"]["status"] == "cancelled"
+    again = cli("cancel", run_id)
+    assert again.returncode == 1 and "already cancelled" in again.stderr
+
+
+def test_a_waiting_task_is_resumed_from_the_command_line(cli: Cli) -> None:
+    run_id = cli("submit", APPROVAL, "--input", '{"topic": "dagwerk"}').stdout.strip()
+    assert cli("worker", "--pipeline", APPROVAL, "--burst").returncode == 0
+    shown = cli.json("show", run_id)
+    assert shown["run"]["status"] == "running"
+    (wait,) = shown["waits"]
+    assert wait["node"] == "review"
+    plain = cli("show", run_id)
+    assert f"dagwerk resume {wait['task_id']} {wait['wait_id']}" in plain.stdout
+
+    resumed = cli("resume", wait["task_id"], wait["wait_id"])
+    assert resumed.returncode == 0, resumed.stderr
+    assert cli("worker", "--pipeline", APPROVAL, "--burst").returncode == 0
+    finished = cli.json("show", run_id)
+    assert finished["run"]["status"] == "completed"
+    assert finished["waits"] == []
+    # A wait the task never entered is refused: one line, exit 1.
+    bad = cli("resume", wait["task_id"], "no-such-wait")
+    assert bad.returncode == 1
+
+
+def test_dead_letters_are_listed_and_reinjected(cli: Cli, tmp_path: Path) -> None:
+    from dagwerk.backends.sqlite import SqliteStore
+
+    run_id = cli("submit", ETL, "--run-id", "dlq-run").stdout.strip()
+    assert run_id == "dlq-run"
+    # A worker that gives up on the delivery parks it in the dead-letter queue.
+    store = SqliteStore(cli.db)
+    try:
+        (leased,) = store.dequeue("test-worker", limit=1, lease_seconds=30)
+        assert store.nack(leased.delivery_id, "test-worker", poison=True, reason="test poison")
+    finally:
+        store.close()
+
+    letters = cli.json("dlq", "list")
+    assert [(d["run_id"], d["reason"]) for d in letters] == [("dlq-run", "test poison")]
+    plain = cli("dlq", "list")
+    assert "test poison" in plain.stdout
+    reinjected = cli("dlq", "reinject", letters[0]["dead_letter_id"])
+    assert reinjected.returncode == 0, reinjected.stderr
+    twice = cli("dlq", "reinject", letters[0]["dead_letter_id"])
+    assert twice.returncode == 1 and "was not re-injected" in twice.stderr
+    assert cli("worker", "--pipeline", ETL, "--burst").returncode == 0
+    assert cli.json("show", "dlq-run")["run"]["status"] == "completed"
+
+
+def test_graph_draws_the_pipeline(cli: Cli) -> None:
+    result = cli("graph", ETL, "--format", "dot")
+    assert result.returncode == 0, result.stderr
+    assert "digraph" in result.stdout and "extract" in result.stdout
+
+
+def test_invalid_input_exits_2_with_one_line(cli: Cli, tmp_path: Path) -> None:
+    bad_json = cli("run", ETL, "--input", "{not json")
+    assert bad_json.returncode == 2
+    assert bad_json.stderr.startswith("error: ") and bad_json.stderr.count("\n") == 1
+    no_plugin = tmp_path / "orphan.yaml"
+    no_plugin.write_text("nodes:\n  - {slug: a, plugin: nobody_has_this}\n", encoding="utf-8")
+    orphan = cli("run", str(no_plugin))
+    assert orphan.returncode == 2
+    assert "no plugin is registered as 'nobody_has_this'" in orphan.stderr
+    missing = cli("run", str(tmp_path / "missing.yaml"))
+    assert missing.returncode == 2
+
+
+def test_unknown_run_is_one_line_and_debug_shows_the_traceback(cli: Cli) -> None:
+    plain = cli("show", "no-such-run")
+    assert plain.returncode == 1
+    assert plain.stderr == "error: run 'no-such-run' does not exist\n"
+    debug = cli("--debug", "show", "no-such-run")
+    assert "Traceback" in debug.stderr
+
+
+def test_worker_stops_cleanly_on_sigterm(cli: Cli) -> None:
+    process = subprocess.Popen(
+        [sys.executable, "-m", "dagwerk", "worker", "--pipeline", ETL],
+        cwd=cli.cwd,
+        env=cli.env(),
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert process.stderr is not None
+        first = process.stderr.readline()
+        assert "serving" in first
+        process.send_signal(signal.SIGTERM)
+        _, rest = process.communicate(timeout=60)
+    finally:
+        if process.poll() is None:
+            process.kill()
+    assert process.returncode == 0
+    assert "stopped" in rest
+
+
+@pytest.mark.parametrize(
+    "command",
+    [
+        ["run"],
+        ["submit"],
+        ["worker"],
+        ["runs"],
+        ["show"],
+        ["cancel"],
+        ["retry"],
+        ["rerun"],
+        ["resume"],
+        ["dlq"],
+        ["dlq", "list"],
+        ["dlq", "reinject"],
+    ],
+)
+def test_every_runtime_command_has_help_with_an_example(cli: Cli, command: list[str]) -> None:
+    result = cli(*command, "--help")
+    assert result.returncode == 0, result.stderr
+    assert "Example" in result.stdout
+    assert "dagwerk " in result.stdout.split("Example", 1)[1]
+
+
+def test_runs_lists_runs_and_rerun_reopens_a_completed_run(cli: Cli) -> None:
+    from dagwerk.backends.sqlite import SqliteStore
+
+    if not hasattr(SqliteStore, "list_runs") or not hasattr(SqliteStore, "try_rerun_nodes"):
+        pytest.skip("the SQLite store has no list_runs / try_rerun_nodes yet (store round 2)")
+    document = json.loads(cli("run", ETL, "--json").stdout)
+    listed = cli.json("runs", "--status", "completed")
+    assert [r["run_id"] for r in listed] == [document["run_id"]]
+    rerun = cli("rerun", document["run_id"], "--node", "report")
+    assert rerun.returncode == 0, rerun.stderr
+    assert cli.json("show", document["run_id"])["run"]["status"] == "running"
+    assert cli("worker", "--pipeline", ETL, "--burst").returncode == 0
+    assert cli.json("show", document["run_id"])["run"]["status"] == "completed"
