@@ -32,8 +32,11 @@ from dagwerk.engine import (
     RunWaitTimeoutError,
     UnknownNodeError,
 )
+from dagwerk.errors import GraphValidationError
+from dagwerk.models import RuntimeSource
 from dagwerk.pipeline_file import parse_pipeline
 from dagwerk.retry import RetryRejectedError
+from dagwerk.schema import RunInputError
 from dagwerk.store import InvalidStoreValueError
 
 NODES = [
@@ -297,3 +300,37 @@ def test_rerun_runs_a_completed_node_again(engine: Engine) -> None:
     engine.worker(concurrency=1).run_until_idle()
     assert engine.result(result.run_id).status is RunStatus.COMPLETED
     assert len(calls) == 2
+
+
+def test_submit_refuses_a_missing_required_input_before_storing(engine: Engine) -> None:
+    nodes = [
+        DagNode(
+            slug="greet",
+            plugin="load",
+            bindings={"topic": RuntimeSource(key="topic", required=True)},
+        )
+    ]
+    with pytest.raises(RunInputError, match="missing required input"):
+        engine.submit(nodes, input={}, run_id="needs-topic")
+    assert engine.store.get_run("needs-topic") is None
+    assert engine.submit(nodes, input={"topic": "dags"}, run_id="has-topic") == "has-topic"
+
+
+def test_submit_refuses_an_invalid_graph_before_storing(engine: Engine) -> None:
+    cyclic = [
+        DagNode(
+            slug="a",
+            plugin="load",
+            input_mode=InputMode.ALL,
+            edges=(InputEdge(name="x", source="b"),),
+        ),
+        DagNode(
+            slug="b",
+            plugin="load",
+            input_mode=InputMode.ALL,
+            edges=(InputEdge(name="y", source="a"),),
+        ),
+    ]
+    with pytest.raises(GraphValidationError, match="cycle"):
+        engine.submit(cyclic, run_id="cyclic")
+    assert engine.store.get_run("cyclic") is None

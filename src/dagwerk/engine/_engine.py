@@ -21,14 +21,17 @@ from typing import Any
 
 from dagwerk.constants import RUN_TERMINAL_STATUSES, FailurePolicy, RunStatus
 from dagwerk.errors import DagwerkError
+from dagwerk.graph import validate_graph
 from dagwerk.json import thaw_json
 from dagwerk.models import DagNode
 from dagwerk.orchestrator import OrchestratorCallbacks, cancel_run, reconcile_run, start_run
 from dagwerk.pipelines.loader import Pipeline
+from dagwerk.plugins import PluginMeta
 from dagwerk.retry import RunRetryResult, retry_run
 from dagwerk.runtime.plugins import PluginFn
 from dagwerk.runtime.retry_policy import RetryPolicy
 from dagwerk.runtime.worker import Worker
+from dagwerk.schema import get_pipeline_input_schema, merge_run_input
 from dagwerk.store import DeadLetter, RunRecord, TaskRecord, TaskResumeResult
 from dagwerk.waiting import resume_task
 
@@ -48,6 +51,12 @@ __all__ = [
 
 ProgressCallback = Callable[[RunProgress], None]
 
+
+
+def _no_plugin_metadata(name: str) -> PluginMeta | None:
+    # Plugins registered with the engine declare no input metadata; required
+    # inputs come from the pipeline's runtime bindings.
+    return None
 
 class EngineError(DagwerkError):
     """Root of the engine facade's own errors."""
@@ -196,20 +205,25 @@ class Engine:
         :class:`RunExistsError`; invalid nodes or input raise ``ValueError``
         before anything is written.
         """
-        run_input: dict[str, object] = {}
+        defaults: dict[str, object] = {}
         if isinstance(nodes, Pipeline):
-            defaults = thaw_json(nodes.defaults)
-            assert isinstance(defaults, dict)
-            run_input.update(defaults)
+            thawed = thaw_json(nodes.defaults)
+            assert isinstance(thawed, dict)
+            defaults = dict(thawed)
             policy = failure_policy if failure_policy is not None else nodes.failure_policy
             node_list = list(nodes.nodes)
         else:
             policy = failure_policy if failure_policy is not None else FailurePolicy.FAIL_FAST
             node_list = list(nodes)
-        if input is not None:
-            if not isinstance(input, Mapping):
-                raise EngineError("run input must be a JSON object", code="run_input_invalid")
-            run_input.update(input)
+        if input is not None and not isinstance(input, Mapping):
+            raise EngineError("run input must be a JSON object", code="run_input_invalid")
+        # Refuse a bad pipeline or a missing required input before anything is
+        # stored: a run that can only fail at planning is a worse answer.
+        validate_graph(node_list)
+        schema_fields = get_pipeline_input_schema(node_list, _no_plugin_metadata)
+        merged = thaw_json(merge_run_input(schema_fields, defaults, dict(input or {})))
+        assert isinstance(merged, dict)
+        run_input: dict[str, object] = dict(merged)
         run_id = run_id if run_id is not None else new_run_id()
         if not self._store.create_run(
             run_id, node_list, run_input=run_input, failure_policy=policy
