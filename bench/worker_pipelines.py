@@ -1,16 +1,23 @@
-"""Worker throughput and per-hop latency on SQLite with real worker processes.
+"""Worker throughput and per-hop latency with real worker processes, on SQLite
+and PostgreSQL side by side.
 
 Pipelines:
   fanout  one root emitting N items -> N EACH tasks -> one ALL join (N=1,000)
   chain   a chain of L single-task steps (L=200)
 
-Each runs with 1 and 2 worker processes (``--workers``), each worker with
-``--concurrency`` threads. Every plugin writes its start and end times to a
+Each runs on every database of ``--db`` (``sqlite`` for a fresh temporary
+file, or a ``postgresql://`` URL: each case gets a fresh schema there, dropped
+afterwards) with 1, 2 and 4 worker processes (``--workers``), each worker
+with ``--concurrency`` threads. Every plugin writes its start and end times to a
 file in the execution root; a hop is the time from a task's upstream end to
 its own start (queueing + dispatch + claim), reported as mean and p99.
 Prints a table and, with ``--json``, the figures as JSON.
 
-    .venv/bin/python bench/worker_pipelines.py [--fanout 1000] [--chain 200]
+    .venv/bin/python bench/worker_pipelines.py [--fanout 1000] [--chain 200] \
+        [--db sqlite --db postgresql://user@host:port/db] [--workers 1 2 4]
+
+Without ``--db`` it uses SQLite, plus PostgreSQL when
+``DAGWERK_TEST_POSTGRES_URL`` is set.
 """
 
 from __future__ import annotations
@@ -23,10 +30,15 @@ import subprocess
 import sys
 import tempfile
 import time
+import uuid
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
+from typing import Any
+from urllib.parse import quote
 
-from dagwerk.backends.sqlite import SqliteStore
 from dagwerk.constants import RUN_TERMINAL_STATUSES, InputMode
+from dagwerk.engine import open_store
 from dagwerk.models import DagNode, EdgeSource, InputEdge, TaskInputs
 from dagwerk.orchestrator import OrchestratorCallbacks, start_run
 from dagwerk.runtime.context import TaskContext
@@ -98,7 +110,7 @@ def chain_nodes(length: int) -> list[DagNode]:
 
 
 def worker_main(db: str, events: str, concurrency: int) -> None:
-    store = SqliteStore(db)
+    store = open_store(db)
     worker = Worker(
         store,
         PLUGINS,
@@ -117,11 +129,35 @@ def _percentile(values: list[float], fraction: float) -> float:
     return ordered[min(len(ordered) - 1, int(fraction * len(ordered)))]
 
 
-def run_case(kind: str, size: int, workers: int, concurrency: int) -> dict[str, object]:
-    with tempfile.TemporaryDirectory() as tmp:
-        db, events = Path(tmp) / "bench.db", Path(tmp) / "events"
+@contextmanager
+def fresh_database(db: str, tmp: Path) -> Iterator[str]:
+    """A URL of an empty database: a new SQLite file, or a new schema on the
+    PostgreSQL server of ``db`` (dropped afterwards)."""
+    if db == "sqlite":
+        yield f"sqlite:///{tmp / 'bench.db'}"
+        return
+    import psycopg
+
+    schema = f"bench_{uuid.uuid4().hex[:12]}"
+    with psycopg.connect(db, autocommit=True) as conn:
+        conn.execute(f'CREATE SCHEMA "{schema}"')
+    separator = "&" if "?" in db else "?"
+    try:
+        yield f"{db}{separator}options={quote(f'-csearch_path={schema}')}"
+    finally:
+        with psycopg.connect(db, autocommit=True) as conn:
+            conn.execute(f'DROP SCHEMA IF EXISTS "{schema}" CASCADE')
+
+
+def backend_name(db: str) -> str:
+    return "sqlite" if db == "sqlite" else "postgres"
+
+
+def run_case(db_spec: str, kind: str, size: int, workers: int, concurrency: int) -> dict[str, Any]:
+    with tempfile.TemporaryDirectory() as tmp, fresh_database(db_spec, Path(tmp)) as db:
+        events = Path(tmp) / "events"
         events.mkdir()
-        store = SqliteStore(db)
+        store = open_store(db)
         nodes = fanout_nodes() if kind == "fanout" else chain_nodes(size)
         run_input = {"count": size} if kind == "fanout" else {"count": 1}
         store.create_run(RUN_ID, nodes, run_input=run_input)
@@ -150,6 +186,7 @@ def run_case(kind: str, size: int, workers: int, concurrency: int) -> dict[str, 
         upstream_end = max(end for _, end in times[node - 1])
         hops.extend(start - upstream_end for start, _ in times[node])
     return {
+        "backend": backend_name(db_spec),
         "pipeline": kind,
         "size": size,
         "workers": workers,
@@ -168,28 +205,44 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--fanout", type=int, default=1000)
     parser.add_argument("--chain", type=int, default=200)
-    parser.add_argument("--workers", type=int, nargs="+", default=[1, 2])
+    parser.add_argument("--workers", type=int, nargs="+", default=[1, 2, 4])
     parser.add_argument("--concurrency", type=int, default=4)
+    parser.add_argument(
+        "--db",
+        action="append",
+        metavar="URL",
+        help="'sqlite' or a postgresql:// URL; repeatable (default: sqlite, and "
+        "$DAGWERK_TEST_POSTGRES_URL when set)",
+    )
     parser.add_argument("--json", action="store_true", help="also print the figures as JSON")
     args = parser.parse_args()
-    results = [
-        run_case(kind, size, workers, args.concurrency)
-        for kind, size in (("fanout", args.fanout), ("chain", args.chain))
-        for workers in args.workers
+    databases: list[str] = args.db or [
+        "sqlite",
+        *filter(None, [os.environ.get("DAGWERK_TEST_POSTGRES_URL")]),
     ]
+    results = []
     header = (
-        f"{'pipeline':<8} {'size':>5} {'workers':>7} {'tasks':>6} {'s':>8} {'tasks/s':>8} "
-        f"{'hop mean ms':>12} {'hop p99 ms':>11}"
+        f"{'backend':<8} {'pipeline':<8} {'size':>5} {'workers':>7} {'tasks':>6} {'s':>8} "
+        f"{'tasks/s':>8} {'hop mean ms':>12} {'hop p99 ms':>11}"
     )
     print(header)
-    for r in results:
-        print(
-            f"{r['pipeline']:<8} {r['size']:>5} {r['workers']:>7} {r['tasks']:>6} "
-            f"{r['seconds']:>8} {r['tasks_per_second']:>8} {r['hop_mean_ms']!s:>12} "
-            f"{r['hop_p99_ms']!s:>11}"
-        )
+    for kind, size in (("fanout", args.fanout), ("chain", args.chain)):
+        for workers in args.workers:
+            for db in databases:
+                r = run_case(db, kind, size, workers, args.concurrency)
+                results.append(r)
+                _print_row(r)
     if args.json:
         print(json.dumps(results, indent=2))
+
+
+def _print_row(r: dict[str, Any]) -> None:
+    print(
+        f"{r['backend']:<8} {r['pipeline']:<8} {r['size']:>5} {r['workers']:>7} {r['tasks']:>6} "
+        f"{r['seconds']:>8} {r['tasks_per_second']:>8} {r['hop_mean_ms']!s:>12} "
+        f"{r['hop_p99_ms']!s:>11}",
+        flush=True,
+    )
 
 
 if __name__ == "__main__":

@@ -283,6 +283,8 @@ class DagNode(BaseModel):
     retry: RetryPolicySpec | None = None
     queue: NonEmptyStr = "default"
     priority: int = 0
+    # A WAITING task of this node older than this is a stall (gated dispatch).
+    wait_timeout_seconds: float | None = Field(default=None, gt=0, allow_inf_nan=False)
 
     @field_validator("bindings")
     @classmethod

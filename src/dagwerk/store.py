@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from types import MappingProxyType
 from typing import Protocol, runtime_checkable
 
+from dagwerk.budgets import AccountUsage, Admission, Budget
 from dagwerk.constants import (
     MAX_OUTPUTS_PER_TASK_COMPLETION,
     MAX_TASK_COMPLETION_ROUTING_BYTES,
@@ -31,6 +32,7 @@ from dagwerk.constants import (
 )
 from dagwerk.errors import DagwerkError
 from dagwerk.json import JsonValue
+from dagwerk.lineage import RunLink
 from dagwerk.models import (
     DagNode,
     EmittedOutput,
@@ -43,6 +45,9 @@ from dagwerk.models import (
 
 __all__ = [
     "AttemptRecord",
+    "BackstopStore",
+    "DagBudgetStore",
+    "DagChildStore",
     "DagQueueStore",
     "DagRetryStore",
     "DagRunStore",
@@ -55,11 +60,13 @@ __all__ = [
     "NodeLaunchRef",
     "OutputPublicationError",
     "OutputResolver",
+    "QueueStats",
     "RerunRefusedError",
     "RunActivity",
     "RunActivityStore",
     "RunRecord",
     "RunReopenResult",
+    "StallRecord",
     "StoreContractError",
     "TaskAttemptRef",
     "TaskClaimResult",
@@ -1025,5 +1032,178 @@ class DagQueueStore(Protocol):
         and the run is RUNNING. Returns the new attempt ID. ``None`` (nothing
         changed) for an unknown or already re-injected dead letter, or when
         the task moved on; so of two racing callers at most one succeeds.
+        """
+        ...
+
+
+# --- dagwerk extension: the gated-dispatch backstop ---------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class StallRecord:
+    """A persisted stall of a run: first seen at ``detected_at`` (store clock
+    seconds), with the reason and held nodes of its latest observation."""
+
+    run_id: str
+    reason: str
+    held_nodes: tuple[int, ...]
+    detected_at: float
+
+
+@dataclass(frozen=True, slots=True)
+class QueueStats:
+    """One queue's backlog: rows waiting for a worker, and the store time since
+    which the oldest deliverable row has been deliverable (``None``: none is)."""
+
+    queue: str
+    depth: int
+    oldest_available_at: float | None
+
+
+@runtime_checkable
+class BackstopStore(Protocol):
+    """What the periodic backstop needs from a store (dagwerk extension).
+
+    Time comes from the store's clock. Each method is one transaction.
+    """
+
+    def try_acquire_lease(self, name: str, holder: str, seconds: float) -> bool:
+        """Take or renew the named lease for ``seconds``: True when it was free,
+        expired or already held by ``holder``; False (nothing changed) while
+        another holder's lease is live. Of two racing callers at most one wins."""
+        ...
+
+    def release_lease(self, name: str, holder: str) -> bool:
+        """Drop the named lease if ``holder`` holds it (live or expired); True
+        iff this call dropped it."""
+        ...
+
+    def repair_missing_deliveries(self, run_id: str) -> list[str]:
+        """Re-create the outbox row of every QUEUED task of the run's active
+        generation whose current attempt has neither a queue row nor a
+        dead letter that was not re-injected (an invariant violation), keeping
+        the attempt and its lost-delivery count. Only for a RUNNING run.
+        Returns the repaired task IDs in creation order; an exact repeat
+        repairs nothing and returns an empty list."""
+        ...
+
+    def observe_waits(self, run_id: str) -> Mapping[str, float]:
+        """Record the store time at which each WAITING task of the run's active
+        generation was first observed under its current wait, and return
+        ``{task_id: seconds since then}`` for the tasks WAITING now (empty
+        for a missing or non-RUNNING run)."""
+        ...
+
+    def try_record_stall(self, run_id: str, reason: str, held_nodes: tuple[int, ...]) -> bool:
+        """Persist that the run is stalled. True iff no stall was recorded for
+        the run (a new stall: emit its event); otherwise the record's reason
+        and held nodes are updated, its detection time kept, and False."""
+        ...
+
+    def clear_stall(self, run_id: str) -> bool:
+        """Forget the run's stall; True iff one was recorded."""
+        ...
+
+    def list_stalls(self) -> list[StallRecord]:
+        """Every recorded stall, oldest detection first."""
+        ...
+
+    def queue_stats(self) -> list[QueueStats]:
+        """Per queue with rows: the rows not under a live lease and the
+        oldest ``available_at`` among rows deliverable now, by queue name. Read-only."""
+        ...
+
+    def run_status_counts(self) -> Mapping[RunStatus, int]:
+        """How many runs have each status (absent: none). Read-only."""
+        ...
+
+
+# --- dagwerk extension: composite child runs and budgets (issue 7) ------------
+
+
+@runtime_checkable
+class DagChildStore(Protocol):
+    """Child runs with persisted lineage (see :mod:`dagwerk.lineage`).
+
+    A child run's terminal transition resumes its waiting parent task in the
+    same commit, with :func:`~dagwerk.lineage.child_result_payload` as the
+    wait response; a run's FAILED, CRASHED or CANCELLED transition cancels
+    its unfinished descendants in the same commit.
+    """
+
+    def create_child_run(
+        self,
+        run_id: str,
+        nodes: Sequence[DagNode],
+        *,
+        link: RunLink,
+        run_input: Mapping[str, object] | None = None,
+        failure_policy: FailurePolicy | str = FailurePolicy.FAIL_FAST,
+        budget: Budget | None = None,
+    ) -> bool:
+        """As ``create_run``, storing ``link`` (its ``wait_id`` must be ``None``)
+        and an optional own budget; the run also draws on its parent's budget
+        accounts. False (no change) if the run exists."""
+        ...
+
+    def try_wait_for_child(
+        self,
+        task_id: str,
+        *,
+        expected_attempt_id: str,
+        expected_generation: int,
+        nodes: Sequence[DagNode],
+        link: RunLink,
+        run_input: Mapping[str, object] | None = None,
+        failure_policy: FailurePolicy | str = FailurePolicy.FAIL_FAST,
+        budget: Budget | None = None,
+    ) -> TaskWaitResult | None:
+        """One transaction: create the PENDING child ``link.run_id`` and move the
+        current RUNNING attempt to WAITING under ``link.wait_id``. ``None``
+        (nothing changed): not the current RUNNING attempt, a wait already
+        active, the wait ID used before, or the child run exists."""
+        ...
+
+    def get_run_link(self, run_id: str) -> RunLink | None:
+        """The child record of a run; ``None`` for a root or unknown run."""
+        ...
+
+    def list_child_runs(self, run_id: str) -> list[str]:
+        """IDs of the runs started by tasks of ``run_id``, oldest first."""
+        ...
+
+
+@runtime_checkable
+class DagBudgetStore(Protocol):
+    """Per-run budgets (see :mod:`dagwerk.budgets`)."""
+
+    def try_set_run_budget(self, run_id: str, budget: Budget) -> bool:
+        """Give a PENDING run without budget accounts its own budget. False
+        (no change) otherwise."""
+        ...
+
+    def get_run_budget(self, run_id: str) -> tuple[AccountUsage, ...]:
+        """Usage of every account the run draws on (own first, then its
+        ancestors'); empty without budgets. Read-only."""
+        ...
+
+    def try_admit_task(
+        self,
+        task_id: str,
+        *,
+        expected_attempt_id: str,
+        input_bytes: int,
+        cost_units: int | None,
+    ) -> Admission:
+        """One transaction fenced by the current RUNNING attempt: charge
+        ``input_bytes`` and hold ``cost_units`` on every account of the run,
+        or nothing. STALE: not the current RUNNING attempt (nothing consumed);
+        EXHAUSTED: an account has no room (nothing consumed); an exact repeat
+        is ADMITTED again without a second charge.
+
+        ``try_complete_task`` of a run with accounts charges the canonical
+        bytes of its outputs and converts the attempt's hold into a charge in
+        its own commit, or raises :class:`~dagwerk.budgets.BudgetExhaustedError`
+        before any write.
         """
         ...

@@ -127,4 +127,3 @@ def test_unknown_commands_are_usage_errors() -> None:
     result = dagwerk("frobnicate")
     assert result.returncode == 2
     assert "No such command" in result.stderr
-

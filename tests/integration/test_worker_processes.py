@@ -43,7 +43,11 @@ CALLBACKS = OrchestratorCallbacks(_noop, _noop, _noop, _noop)
 
 def _mark(ctx: TaskContext, kind: str, text: str = "") -> None:
     name = f"{kind}-{ctx.task_id.replace(':', '_')}-{ctx.attempt}"
-    (ctx.execution_root / name).write_text(text or str(time.time()))
+    # Written aside and renamed: a reader globbing for the marker never sees
+    # it empty (write_text creates the file before writing it).
+    partial = ctx.execution_root / f".{name}.tmp"
+    partial.write_text(text or str(time.time()))
+    partial.replace(ctx.execution_root / name)
 
 
 def gen(inputs: TaskInputs, ctx: TaskContext) -> object:
@@ -222,7 +226,9 @@ def test_process_executor_timeout_retries_and_drops_the_late_result(tmp_path: Pa
             DagNode(
                 slug="s",
                 plugin="sleepy",
-                timeout_seconds=1.0,
+                # The deadline covers spawning the child too: 1 s timed out the
+                # healthy second attempt on a loaded machine.
+                timeout_seconds=5.0,
                 retry=RetryPolicySpec(max_attempts=2, backoff_base=0.0, backoff_max=0.0),
             )
         ],

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from dagwerk.cli.app import cli, main
 from dagwerk.cli.commands_control import cancel, dlq, rerun, resume, retry
+from dagwerk.cli.commands_gated import serve
 from dagwerk.cli.commands_inspect import runs, show
 from dagwerk.cli.commands_run import run, submit, worker
 from dagwerk.cli.commands_static import graph, schema, validate
@@ -27,6 +28,7 @@ for _command in (
     rerun,
     resume,
     dlq,
+    serve,
 ):
     cli.add_command(_command)
 

@@ -15,6 +15,7 @@ from dagwerk.cli.commands_common import (
     open_engine,
     render_table,
 )
+from dagwerk.cli.composite import describe_composite, render_composite
 
 if TYPE_CHECKING:
     from dagwerk.engine import Engine
@@ -28,15 +29,23 @@ _STATUSES = ["pending", "running", "completed", "failed", "crashed", "cancelled"
 @db_option
 @click.option("--status", type=click.Choice(_STATUSES), help="Only runs with this status.")
 @click.option("--limit", default=50, show_default=True, type=click.IntRange(1, 10_000))
+@click.option("--stalled", is_flag=True, help="Only RUNNING runs that are stalled, with why.")
 @json_option
-def runs(db: str, status: str | None, limit: int, as_json: bool) -> None:
+def runs(db: str, status: str | None, limit: int, as_json: bool, stalled: bool = False) -> None:
     """List runs, newest first.
 
     \b
     Examples:
       dagwerk runs
       dagwerk runs --status failed --json
+      dagwerk runs --stalled
     """
+    if stalled:
+        from dagwerk.cli.commands_gated import echo_stalled
+
+        with open_engine(db) as engine:
+            echo_stalled(engine, limit, as_json)
+        return
     with open_engine(db) as engine:
         records = engine.list_runs(status=status, limit=limit)
     if as_json:
@@ -141,6 +150,7 @@ def describe_run(engine: Engine, run_id: str) -> dict[str, Any]:
         for d in engine.list_dead_letters(run_id)
     ]
     return {
+        **describe_composite(engine.store, run_id),
         "run": _run_json(record),
         "nodes": node_rows,
         "tasks": task_rows,
@@ -156,15 +166,23 @@ def describe_run(engine: Engine, run_id: str) -> dict[str, Any]:
 @click.command()
 @click.argument("run_id", metavar="RUN")
 @db_option
+@click.option("--why", is_flag=True, help="Explain per node why it has (not) run.")
 @json_option
-def show(run_id: str, db: str, as_json: bool) -> None:
+def show(run_id: str, db: str, as_json: bool, why: bool = False) -> None:
     """Show a run: its nodes and their dispositions, tasks, attempts, errors and waits.
 
     \b
     Examples:
       dagwerk show run-1f2e3d4c5b6a7980
       dagwerk show run-1f2e3d4c5b6a7980 --json | jq '.tasks[] | select(.error)'
+      dagwerk show run-1f2e3d4c5b6a7980 --why
     """
+    if why:
+        from dagwerk.cli.commands_gated import show_why
+
+        with open_engine(db) as engine:
+            show_why(engine, run_id, as_json)
+        return
     with open_engine(db) as engine:
         described = describe_run(engine, run_id)
     if as_json:
@@ -233,3 +251,4 @@ def show(run_id: str, db: str, as_json: bool) -> None:
                 for d in described["dead_letters"]
             ],
         )
+    render_composite(described)

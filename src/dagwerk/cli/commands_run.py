@@ -259,6 +259,19 @@ def submit(
     help="Import the plugin modules this pipeline file lists; repeatable.",
 )
 @click.option("--burst", is_flag=True, help="Exit once no work is deliverable.")
+@click.option(
+    "--metrics-port",
+    type=click.IntRange(0, 65535),
+    default=None,
+    help="Serve /metrics and /healthz on 127.0.0.1:PORT while the worker runs.",
+)
+@click.option(
+    "--backstop-interval",
+    type=click.FloatRange(min=0),
+    default=30.0,
+    show_default=True,
+    help="Seconds between backstop passes (0: no backstop in this worker).",
+)
 def worker(
     *,
     db: str,
@@ -267,6 +280,8 @@ def worker(
     plugin_modules: tuple[str, ...],
     pipelines: tuple[str, ...],
     burst: bool,
+    metrics_port: int | None = None,
+    backstop_interval: float = 30.0,
 ) -> None:
     """Serve the database's queue: run the tasks of every run stored there.
 
@@ -292,7 +307,22 @@ def worker(
         # as they would for `python -m`.
         if "" not in sys.path and str(Path.cwd()) not in sys.path:
             sys.path.append(str(Path.cwd()))
-        serving = engine.worker(concurrency=concurrency, executor=executor)
+        serving = engine.worker(
+            concurrency=concurrency,
+            executor=executor,
+            backstop_interval=backstop_interval or None,
+        )
+        health_server = None
+        if metrics_port is not None:
+            from dagwerk.cli.commands_gated import start_health_server
+
+            health_server, (metrics, _) = start_health_server(
+                engine, port=metrics_port, host="127.0.0.1", workers=[serving]
+            )
+            serving.callbacks = metrics.callbacks(serving.callbacks)
+            if serving.backstop is not None:
+                serving.backstop.callbacks = serving.callbacks
+            click.echo(f"metrics on {health_server.url}/metrics", err=True)
         if burst:
             handled = serving.run_until_idle()
             click.echo(f"worker {serving.worker_id}: handled {handled} deliveries", err=True)
@@ -319,4 +349,6 @@ def worker(
         finally:
             for sig, handler in previous.items():
                 signal.signal(sig, handler)
+            if health_server is not None:
+                health_server.stop()
         click.echo(f"worker {serving.worker_id}: stopped", err=True)

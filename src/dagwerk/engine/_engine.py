@@ -19,6 +19,7 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any
 
+from dagwerk.budgets import Budget
 from dagwerk.constants import RUN_TERMINAL_STATUSES, FailurePolicy, RunStatus
 from dagwerk.errors import DagwerkError
 from dagwerk.graph import validate_graph
@@ -32,7 +33,7 @@ from dagwerk.runtime.plugins import PluginFn
 from dagwerk.runtime.retry_policy import RetryPolicy
 from dagwerk.runtime.worker import Worker
 from dagwerk.schema import get_pipeline_input_schema, merge_run_input
-from dagwerk.store import DeadLetter, RunRecord, TaskRecord, TaskResumeResult
+from dagwerk.store import DagBudgetStore, DeadLetter, RunRecord, TaskRecord, TaskResumeResult
 from dagwerk.waiting import resume_task
 
 from ._plugins import EngineRegistry, import_plugin_modules
@@ -52,11 +53,11 @@ __all__ = [
 ProgressCallback = Callable[[RunProgress], None]
 
 
-
 def _no_plugin_metadata(name: str) -> PluginMeta | None:
     # Plugins registered with the engine declare no input metadata; required
     # inputs come from the pipeline's runtime bindings.
     return None
+
 
 class EngineError(DagwerkError):
     """Root of the engine facade's own errors."""
@@ -196,8 +197,12 @@ class Engine:
         input: Mapping[str, object] | None = None,
         run_id: str | None = None,
         failure_policy: FailurePolicy | str | None = None,
+        budgets: Budget | None = None,
     ) -> str:
         """Store and start a run; returns its ID. Workers (here or elsewhere) do the work.
+
+        ``budgets`` (a :class:`~dagwerk.budgets.Budget`) limits the run's
+        input and output bytes and cost; child runs draw on it too.
 
         For a :class:`~dagwerk.pipelines.loader.Pipeline`, ``input`` is laid
         over the pipeline's ``defaults`` and ``failure_policy`` defaults to the
@@ -229,6 +234,16 @@ class Engine:
             run_id, node_list, run_input=run_input, failure_policy=policy
         ):
             raise RunExistsError(f"run {run_id!r} already exists", field="run_id")
+        # The budget is set while the run is PENDING, so no task runs outside it.
+        if (
+            budgets is not None
+            and not budgets.is_empty()
+            and (
+                not isinstance(self._store, DagBudgetStore)
+                or not self._store.try_set_run_budget(run_id, budgets)
+            )
+        ):
+            raise EngineError("the store cannot hold this run's budget", code="run_budget_refused")
         start_run(self._store, run_id, callbacks=_CALLBACKS)
         return run_id
 
@@ -277,6 +292,7 @@ class Engine:
         failure_policy: FailurePolicy | str | None = None,
         executor: str = "thread",
         on_progress: ProgressCallback | None = None,
+        budgets: Budget | None = None,
     ) -> RunResult:
         """Submit the run and work it in this process until it is terminal.
 
@@ -288,7 +304,9 @@ class Engine:
         """
         if isinstance(nodes, Pipeline):
             self.load_plugins(nodes.plugins, base_dir=Path(nodes.source).parent)
-        run_id = self.submit(nodes, input, run_id=run_id, failure_policy=failure_policy)
+        run_id = self.submit(
+            nodes, input, run_id=run_id, failure_policy=failure_policy, budgets=budgets
+        )
         worker = self.worker(concurrency=workers, executor=executor)
         worker.start()
         try:

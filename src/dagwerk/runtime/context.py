@@ -9,7 +9,11 @@ from pathlib import Path
 from types import MappingProxyType
 from typing import Protocol
 
+from dagwerk.budgets import Budget
 from dagwerk.json import JsonValue
+from dagwerk.lineage import child_wait_id
+from dagwerk.runtime.budget_guard import ByteLimits
+from dagwerk.runtime.children import ChildRequests, ChildResult, ChildRunError
 from dagwerk.runtime.errors import TaskCancelled, WaitRequested
 from dagwerk.store import validate_wait_id
 
@@ -60,6 +64,10 @@ class TaskContext:
     wait_response: JsonValue | None = None
     """The response stored when this attempt's lineage resumed from
     ``resumed_from_wait_id`` (``None`` without one)."""
+    children: ChildRequests = field(default_factory=ChildRequests)
+    """Child runs this attempt asked for (see :meth:`start_child`)."""
+    byte_limits: ByteLimits = field(default_factory=ByteLimits)
+    """The worker's per-task byte limits, fixed at worker construction (BG-01)."""
 
     def check_cancelled(self) -> None:
         """Raise :class:`TaskCancelled` if the abort signal has fired."""
@@ -79,3 +87,51 @@ class TaskContext:
         """
         validate_wait_id(wait_id)
         raise WaitRequested(wait_id)
+
+    # --- child runs (issue 7) ---------------------------------------------------
+
+    def start_child(
+        self,
+        nodes_or_pipeline: object,
+        input: Mapping[str, object] | None = None,
+        *,
+        run_id: str | None = None,
+        budget: Budget | None = None,
+    ) -> str:
+        """Ask for a child run of ``nodes_or_pipeline`` (a list of ``DagNode``, a
+        :class:`~dagwerk.runtime.children.ChildPipeline` or a loaded
+        ``Pipeline``) and return its run ID. An invalid graph raises here.
+        The child is stored and started when the attempt waits for it."""
+        return self.children.add(nodes_or_pipeline, input, child_run_id=run_id, budget=budget)
+
+    def wait_for_child(self, child_run_id: str) -> None:
+        """Release the worker until the child run is terminal. Never returns:
+        the resumed attempt reads :meth:`child_result`."""
+        if child_run_id not in self.children.pending:
+            raise ChildRunError(
+                f"child run {child_run_id!r} was not started by this attempt", field="run_id"
+            )
+        self.wait(child_wait_id(child_run_id))
+
+    def run_child(
+        self,
+        nodes_or_pipeline: object,
+        input: Mapping[str, object] | None = None,
+        *,
+        run_id: str | None = None,
+        budget: Budget | None = None,
+    ) -> None:
+        """:meth:`start_child` then :meth:`wait_for_child`; never returns."""
+        self.wait_for_child(
+            self.start_child(nodes_or_pipeline, input, run_id=run_id, budget=budget)
+        )
+
+    def child_result(self, child_run_id: str | None = None) -> ChildResult | None:
+        """The result of the child this attempt resumed from (of ``child_run_id``
+        when given); ``None`` when the attempt did not resume from that child."""
+        waited = self.resumed_from_wait_id
+        if waited is None or not waited.startswith("child:"):
+            return None
+        if child_run_id is not None and waited != child_wait_id(child_run_id):
+            return None
+        return ChildResult.from_response(self.wait_response)

@@ -384,6 +384,7 @@ class ProcessExecutor:
             try:
                 kind, outputs, error, wait_id = parent_conn.recv()
             except (EOFError, OSError):
+                parent_conn.close()
                 settlement.claim(
                     ExecutionOutcome(
                         OutcomeKind.ERROR,
@@ -391,6 +392,7 @@ class ProcessExecutor:
                     )
                 )
                 return
+            parent_conn.close()
             outcome = ExecutionOutcome(
                 OutcomeKind(kind),
                 outputs=tuple(EmittedOutput(id=i, fields=f, data=d) for i, f, d in outputs),
@@ -419,7 +421,11 @@ class ProcessExecutor:
             if process.is_alive():
                 stop()
         reader_thread.join(self._join_timeout)
-        parent_conn.close()
+        if not reader_thread.is_alive():
+            parent_conn.close()
+        # Otherwise the child survived its stop and the reader still blocks on
+        # the pipe: closing it under the reader would raise in that thread, so
+        # the reader closes it once the child finally exits.
         if not stopped_cleanly:
             return dataclasses.replace(
                 outcome, retryable=False, detail=f"{outcome.detail}; child did not stop"

@@ -27,6 +27,7 @@ if TYPE_CHECKING:
 __all__ = ["PluginFn", "PluginRegistry", "PluginSpec", "normalize_outputs"]
 
 PluginFn = Callable[[TaskInputs, "TaskContext"], "object | Awaitable[object]"]
+CostEstimateFn = Callable[[TaskInputs], float | int]
 
 
 @dataclass(frozen=True, slots=True)
@@ -41,6 +42,9 @@ class PluginSpec:
     fn: PluginFn
     retry: RetryPolicy
     timeout_seconds: float | None = None
+    cost: CostEstimateFn | float | int | None = None
+    """The cost estimate a cost-limited run reserves before executing: a
+    number, or a function of the task inputs (see :mod:`dagwerk.budgets`)."""
 
 
 class PluginRegistry:
@@ -58,6 +62,7 @@ class PluginRegistry:
         *,
         retry: RetryPolicy | None = None,
         timeout_seconds: float | None = None,
+        cost: CostEstimateFn | float | int | None = None,
     ) -> PluginSpec:
         """Register ``fn`` under ``name``; a second registration replaces the first."""
         if not isinstance(name, str) or not name:
@@ -68,7 +73,7 @@ class PluginRegistry:
             raise DagwerkError(
                 f"plugin {name!r} timeout_seconds must be > 0", field="timeout_seconds"
             )
-        spec = PluginSpec(name, fn, retry or RetryPolicy(), timeout_seconds)
+        spec = PluginSpec(name, fn, retry or RetryPolicy(), timeout_seconds, cost)
         self._specs[name] = spec
         return spec
 
@@ -78,11 +83,12 @@ class PluginRegistry:
         *,
         retry: RetryPolicy | None = None,
         timeout_seconds: float | None = None,
+        cost: CostEstimateFn | float | int | None = None,
     ) -> Callable[[PluginFn], PluginFn]:
         """Decorator form of :meth:`register`."""
 
         def decorate(fn: PluginFn) -> PluginFn:
-            self.register(name, fn, retry=retry, timeout_seconds=timeout_seconds)
+            self.register(name, fn, retry=retry, timeout_seconds=timeout_seconds, cost=cost)
             return fn
 
         return decorate

@@ -36,9 +36,11 @@ from pathlib import Path
 from types import MappingProxyType
 from typing import Any
 
+from dagwerk.budgets import BudgetExhaustedError
 from dagwerk.constants import RunStatus, TaskStatus
 from dagwerk.errors import DagwerkError
 from dagwerk.execution import claim_task, recover_task
+from dagwerk.lineage import DEFAULT_MAX_CHILD_DEPTH
 from dagwerk.models import DagNode
 from dagwerk.orchestrator import (
     OrchestratorCallbacks,
@@ -48,6 +50,9 @@ from dagwerk.orchestrator import (
     settle_crashed_task,
 )
 from dagwerk.runtime.actor import AdvancementActor
+from dagwerk.runtime.backstop import DEFAULT_BACKSTOP_INTERVAL, Backstop
+from dagwerk.runtime.budget_guard import ByteLimits, CostEstimate, admit_task, check_output_limit
+from dagwerk.runtime.children import guard_lineage, settle_child_wait
 from dagwerk.runtime.clock import Clock, SystemClock
 from dagwerk.runtime.context import TaskContext
 from dagwerk.runtime.errors import (
@@ -63,10 +68,11 @@ from dagwerk.runtime.executors import (
     OutcomeKind,
     make_executor,
 )
+from dagwerk.runtime.observer import WorkerObserver, notify
 from dagwerk.runtime.plugins import PluginFn, PluginRegistry, PluginSpec
 from dagwerk.runtime.retry_policy import RetryPolicy
 from dagwerk.runtime.sweep import StaleSweeper, SweepReport
-from dagwerk.store import DagQueueStore, LeasedDelivery
+from dagwerk.store import BackstopStore, DagQueueStore, LeasedDelivery
 from dagwerk.task_input import resolve_task_inputs
 from dagwerk.waiting import wait_task
 
@@ -156,6 +162,11 @@ class Worker:
         rng: random.Random | None = None,
         idle_wait: float | None = None,
         queues: list[str] | None = None,
+        observers: list[WorkerObserver] | None = None,
+        backstop_interval: float | None = DEFAULT_BACKSTOP_INTERVAL,
+        max_child_depth: int = DEFAULT_MAX_CHILD_DEPTH,
+        byte_limits: ByteLimits | None = None,
+        cost_estimates: Mapping[str, CostEstimate] | None = None,
     ) -> None:
         if type(concurrency) is not int or concurrency < 1:
             raise DagwerkError("concurrency must be an int >= 1", field="concurrency")
@@ -188,6 +199,29 @@ class Worker:
         self.idle_wait = poll_interval if idle_wait is None else idle_wait
         self.queues = queues
         self.sweeper = StaleSweeper(self)
+        # Child runs and budgets (issue 7): the depth limit every run's
+        # persisted lineage is checked against, and the byte limits, copied
+        # now so nothing later can raise them (BG-01).
+        if type(max_child_depth) is not int or max_child_depth < 0:
+            raise DagwerkError("max_child_depth must be an int >= 0", field="max_child_depth")
+        self.max_child_depth = max_child_depth
+        limits = byte_limits or ByteLimits()
+        self.byte_limits = ByteLimits(limits.max_input_bytes, limits.max_output_bytes)
+        self.cost_estimates: dict[str, CostEstimate] = dict(cost_estimates or {})
+        # Gated dispatch: observers (metrics) and the periodic backstop, which
+        # runs from the background loop only (once at start, then every
+        # ``backstop_interval`` seconds; ``None`` disables it).
+        self.observers: list[WorkerObserver] = list(observers or ())
+        self.backstop: Backstop | None = None
+        if isinstance(store, BackstopStore):
+            self.backstop = Backstop(
+                store,
+                interval=backstop_interval,
+                clock=self.clock,
+                holder=self.worker_id,
+                callbacks=self.callbacks,
+                on_report=lambda report: notify(self.observers, "backstop_finished", report),
+            )
         self._pool = ThreadPoolExecutor(max_workers=concurrency, thread_name_prefix="dagwerk-w")
         self._running: dict[str, _Running] = {}
         self._running_lock = threading.Lock()
@@ -236,7 +270,11 @@ class Worker:
         return total
 
     def _step(self) -> bool:
-        return self.process_once(self.idle_wait) > 0
+        if self.backstop is not None:
+            self.backstop.maybe_run()
+        handled = self.process_once(self.idle_wait) > 0
+        notify(self.observers, "step_finished")
+        return handled
 
     def _read_status(self, run_id: str) -> RunStatus | None:
         status: RunStatus | None = self.store.get_run_status(run_id)
@@ -259,6 +297,8 @@ class Worker:
         self._settle_dead_lettered()
         if not batch:
             swept = self.sweeper.maybe_sweep()
+            if swept:
+                notify(self.observers, "swept", swept)
             return sum(1 for report in swept if report.action == "requeued")
         if len(batch) == 1:
             self._handle(batch[0])
@@ -268,7 +308,9 @@ class Worker:
         return len(batch)
 
     def _report(self, delivery: LeasedDelivery, action: str, detail: str = "") -> None:
-        self.reports.append(DeliveryReport(delivery.delivery_id, delivery.task_id, action, detail))
+        report = DeliveryReport(delivery.delivery_id, delivery.task_id, action, detail)
+        self.reports.append(report)
+        notify(self.observers, "delivery_handled", report, delivery)
 
     def _ack(self, delivery: LeasedDelivery, action: str, detail: str = "") -> None:
         self.queue.ack(delivery.delivery_id, self.worker_id)
@@ -322,7 +364,9 @@ class Worker:
                 settle_crashed_task(self.store, ref.task_id, callbacks=self.callbacks)
             except Exception:
                 _LOG.exception("settling dead-lettered task %s failed", ref.task_id)
-            self.reports.append(DeliveryReport("", ref.task_id, "dead_lettered", "max_deliveries"))
+            report = DeliveryReport("", ref.task_id, "dead_lettered", "max_deliveries")
+            self.reports.append(report)
+            notify(self.observers, "delivery_handled", report, None)
 
     def _unclaimable(self, delivery: LeasedDelivery) -> None:
         task = self.store.get_task(delivery.task_id)
@@ -355,11 +399,16 @@ class Worker:
             return
         node = nodes[delivery.node_index]
         attempt = task.attempt_number
+        if not guard_lineage(self, delivery):
+            return
         try:
             spec = self.plugins.get(node.plugin)
             inputs = resolve_task_inputs(self.store, run_id=delivery.run_id, plan=task.plan)
         except DagwerkError as exc:
             self._fail(delivery, exc)
+            return
+        estimate = self.cost_estimates.get(node.plugin, spec.cost)
+        if not admit_task(self, delivery, node.plugin, estimate, inputs):
             return
         policy = self.retry_policy(node, spec)
         timeout = self.timeout_of(node, spec)
@@ -388,6 +437,7 @@ class Worker:
                 target=self._watch, args=(delivery, entry, bound), daemon=True
             )
             watcher.start()
+            notify(self.observers, "task_started", delivery, node)
             try:
                 outcome = self.executor.execute(
                     spec.fn, inputs, ctx, timeout=timeout, signal=entry.signal, clock=self.clock
@@ -395,7 +445,7 @@ class Worker:
             finally:
                 entry.done.set()
                 watcher.join()
-            self._settle(delivery, outcome, attempt, policy, entry.signal)
+            self._settle(delivery, outcome, attempt, policy, entry.signal, ctx=ctx)
         finally:
             with self._running_lock:
                 self._running.pop(delivery.delivery_id, None)
@@ -454,6 +504,7 @@ class Worker:
             logger=logging.getLogger(f"dagwerk.task.{node.plugin}"),
             heartbeat_fn=heartbeat,
             wait_response=response,
+            byte_limits=self.byte_limits,
         )
 
     def _heartbeat(self, delivery: LeasedDelivery, entry: _Running, bound: float) -> None:
@@ -501,15 +552,24 @@ class Worker:
         attempt: int,
         policy: RetryPolicy,
         signal: AttemptSignal,
+        *,
+        ctx: TaskContext | None = None,
     ) -> None:
         if outcome.kind is OutcomeKind.OK:
-            on_task_complete(
-                self.store,
-                task_id=delivery.task_id,
-                expected_attempt_id=delivery.attempt_id,
-                outputs=outcome.outputs,
-                callbacks=self.callbacks,
-            )
+            if not check_output_limit(self, delivery, outcome.outputs):
+                return
+            try:
+                on_task_complete(
+                    self.store,
+                    task_id=delivery.task_id,
+                    expected_attempt_id=delivery.attempt_id,
+                    outputs=outcome.outputs,
+                    callbacks=self.callbacks,
+                )
+            except BudgetExhaustedError as exc:
+                # The completion wrote nothing; the task fails without retry.
+                self._fail(delivery, exc)
+                return
             task = self.store.get_task(delivery.task_id)
             won = (
                 task is not None
@@ -520,6 +580,8 @@ class Worker:
             return
         if outcome.kind is OutcomeKind.WAIT:
             assert outcome.wait_id is not None
+            if ctx is not None and settle_child_wait(self, delivery, ctx, outcome.wait_id):
+                return
             waited = wait_task(
                 self.store,
                 delivery.task_id,

@@ -17,6 +17,7 @@ from itertools import count
 
 from dagwerk.constants import NodeDisposition, RunStatus, TaskStatus
 from dagwerk.limits import DEFAULT_LIMITS, Limits
+from dagwerk.models import EmittedOutput
 from dagwerk.store import (
     AttemptRecord,
     DeadLetter,
@@ -249,6 +250,19 @@ class MemoryStoreBase:
         sources = sorted(set(self._topology(run).dependencies[node_index]))
         revisions = ",".join(f"{s}:{run.node_revisions[s]}" for s in sources)
         return f"{run.run_id}|{run.epoch}|{node_index}|{run.generations[node_index]}|{revisions}"
+
+    # -- hooks of the child-run and budget mixins (issue 7) -------------------
+
+    def _after_terminate(self, run: RunState, status: RunStatus, error: str | None) -> None:
+        """Called inside a run's terminal transition, after its own writes."""
+        return None
+
+    def _charge_completion(
+        self, run: RunState, task: TaskState, outputs: tuple[EmittedOutput, ...]
+    ) -> None:
+        """Called by a completion after its outputs validated, before any write;
+        raises to refuse the completion."""
+        return None
 
     def _failed_nodes(self, run: RunState) -> set[int]:
         """Active nodes with a FAILED planning launch or a FAILED/CRASHED task."""

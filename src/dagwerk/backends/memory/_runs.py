@@ -245,6 +245,8 @@ class RunsMixin(MemoryStoreBase):
         run.error = error
         run.epoch += 1
         run.finished_at = float(self._clock())
+        # Resume a waiting parent and cancel descendants in this same commit.
+        self._after_terminate(run, status, error)
 
     # -- run retry ---------------------------------------------------------------
 

@@ -189,6 +189,7 @@ class TasksMixin(MemoryStoreBase):
                 return None
             run, task = found
             prepared = self._prepare_outputs(run, task, outputs)
+            self._charge_completion(run, task, tuple(outputs))
             for output in prepared:
                 run.reserved_ids.add(output.ref.id)
                 run.outputs[output.ref.id] = output

@@ -7,13 +7,15 @@ from collections.abc import Callable
 
 from dagwerk.limits import Limits
 
+from ._children import ChildrenMixin
+from ._gated import GatedMixin
 from ._launches import LaunchesMixin
 from ._queue import QueueMixin
 from ._runs import RunsMixin
 from ._tasks import TasksMixin
 
 
-class MemoryStore(RunsMixin, LaunchesMixin, TasksMixin, QueueMixin):
+class MemoryStore(ChildrenMixin, RunsMixin, LaunchesMixin, TasksMixin, QueueMixin, GatedMixin):
     """Implements ``DagStore``, ``DagWaitStore``, ``DagRetryStore``,
     ``OutputResolver``, ``DagRunStore`` and ``RunActivityStore`` in memory.
 

@@ -18,10 +18,10 @@ import uuid
 from collections.abc import Callable
 from typing import Any
 
-from dagwerk.constants import TaskStatus
+from dagwerk.constants import RunStatus, TaskStatus
 from dagwerk.json import FrozenDict, JsonValue, freeze_json, freeze_object, thaw_json
 from dagwerk.limits import DEFAULT_LIMITS, Limits
-from dagwerk.models import DagNode
+from dagwerk.models import DagNode, EmittedOutput
 from dagwerk.store import InvalidStoreValueError, StoreContractError, TaskAttemptRef
 from dagwerk.topology import RunTopology
 from dagwerk.transitions import check_task_transition
@@ -258,6 +258,17 @@ class SqlStoreBase:
         sources = sorted(set(self._topology(run).dependencies[node_index]))
         revisions = ",".join(f"{s}:{revisions_by[s]}" for s in sources)
         return f"{run['run_id']}|{run['epoch']}|{node_index}|{generations[node_index]}|{revisions}"
+
+    # -- hooks of the child-run and budget mixins (issue 7) ----------------------
+
+    def _after_terminate(self, tx: Tx, run: Row, status: RunStatus, error: str | None) -> None:
+        """Called inside a run's terminal transition, after its own writes."""
+        return None
+
+    def _charge_completion(self, tx: Tx, task: Row, outputs: tuple[EmittedOutput, ...]) -> None:
+        """Called by a completion after its outputs validated, before any write;
+        raises to refuse the completion."""
+        return None
 
     @staticmethod
     def _failed_nodes(tx: Tx, run_id: str) -> set[int]:

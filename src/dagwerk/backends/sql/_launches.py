@@ -30,10 +30,14 @@ def _limit(value: object, name: str) -> int:
 
 
 class LaunchesMixin(SqlStoreBase):
-    def _launch_view(self, tx: Tx, launch: Row) -> NodeLaunch:
-        task_ids = tuple(
-            row["task_id"] for row in tx.all("launch_task_ids", {"launch_id": launch["launch_id"]})
-        )
+    def _launch_view(
+        self, tx: Tx, launch: Row, task_ids: tuple[str, ...] | None = None
+    ) -> NodeLaunch:
+        if task_ids is None:
+            task_ids = tuple(
+                row["task_id"]
+                for row in tx.all("launch_task_ids", {"launch_id": launch["launch_id"]})
+            )
         complete = (
             launch["disposition"] != NodeDisposition.LAUNCHED.value
             or launch["completed"] == launch["task_count"]
@@ -53,7 +57,17 @@ class LaunchesMixin(SqlStoreBase):
     def list_node_launches(self, run_id: str) -> Mapping[int, NodeLaunch]:
         with self._gw.read() as tx:
             rows = tx.all("launches_active", {"run_id": run_id})
-            return {row["node_index"]: self._launch_view(tx, row) for row in rows}
+            # One query for the tasks of every launch, not one per launch: a
+            # round trip per node made each advancement O(nodes) round trips.
+            tasks: dict[str, list[str]] = {}
+            for task in tx.all("launch_task_ids_of_run", {"run_id": run_id}):
+                tasks.setdefault(task["launch_id"], []).append(task["task_id"])
+            return {
+                row["node_index"]: self._launch_view(
+                    tx, row, tuple(tasks.get(row["launch_id"], ()))
+                )
+                for row in rows
+            }
 
     def get_planning_snapshot(
         self,

@@ -10,7 +10,9 @@ from __future__ import annotations
 import json
 import time
 from collections.abc import Sequence
+from contextlib import suppress
 
+from dagwerk.backends.errors import StoreBusyError, StoreUnavailableError
 from dagwerk.constants import TaskStatus
 from dagwerk.store import (
     DeadLetter,
@@ -71,24 +73,31 @@ class QueueMixin(SqlStoreBase):
     def _lease(
         self, worker_id: str, limit: int, lease: float, queue_filter: str | None
     ) -> list[LeasedDelivery]:
-        crashed: list[TaskAttemptRef] = []
+        # Rows past max_deliveries are only noted here and buried afterwards,
+        # each in its own transaction that locks the run row first: burying
+        # crashes the task, which needs the run row, and a cancel or finish
+        # of that run holds the run row while it deletes queue rows. Taking
+        # the run row while holding queue rows could deadlock with it.
+        spent: dict[str, Row] = {}
         with self._gw.write() as tx:
             now = self._now()
             leased: list[LeasedDelivery] = []
             while len(leased) < limit:
+                # Noted rows stay candidates in this transaction, so the
+                # query reaches past them; each round leases or notes a new
+                # row, or ends the loop.
                 rows = tx.all(
                     "queue_candidates",
-                    {"now": now, "queues": queue_filter, "limit": limit - len(leased)},
+                    {"now": now, "queues": queue_filter, "limit": limit - len(leased) + len(spent)},
                 )
-                if not rows:
+                fresh = [row for row in rows if row["delivery_id"] not in spent]
+                if not fresh:
                     break
-                for row in rows:
+                for row in fresh:
+                    if len(leased) >= limit:
+                        break
                     if row["delivery_count"] >= self.max_deliveries:
-                        # Dead-lettered rows leave the candidate set, so the
-                        # loop always makes progress.
-                        self._bury(tx, row, MAX_DELIVERIES_REASON, now)
-                        if self._crash_dead_lettered(tx, row, MAX_DELIVERIES_REASON):
-                            crashed.append(TaskAttemptRef(row["task_id"], row["attempt_id"]))
+                        spent[row["delivery_id"]] = row
                         continue
                     expires = now + lease
                     tx.run(
@@ -108,11 +117,36 @@ class QueueMixin(SqlStoreBase):
                         },
                     )
                     leased.append(_leased(row, worker_id, expires))
+        for row in spent.values():
+            if leased:
+                # The leases are committed; a failed burial must not lose them
+                # to the caller. The row stays, and a later dequeue buries it.
+                with suppress(StoreBusyError, StoreUnavailableError):
+                    self._bury_spent(row)
+            else:
+                self._bury_spent(row)
+        return leased
+
+    def _bury_spent(self, row: Row) -> None:
+        """Dead-letter one row that has used up its deliveries and crash its
+        task, in one transaction that locks run, queue row, task in that
+        order (the order of every run transition)."""
+        with self._gw.write() as tx:
+            tx.one("run_status", {"run_id": row["run_id"]})  # locks the run row
+            current = tx.one("queue_get", {"delivery_id": row["delivery_id"]})
+            now = self._now()
+            if (
+                current is None  # buried by another worker, or dropped by a stop
+                or current["available_at"] > now
+                or current["delivery_count"] < self.max_deliveries
+            ):
+                return
+            self._bury(tx, current, MAX_DELIVERIES_REASON, now)
+            crashed = self._crash_dead_lettered(tx, current, MAX_DELIVERIES_REASON)
         if crashed:
             # Reported only once committed: a rollback crashed nothing.
             with self._dead_lettered_lock:
-                self._dead_lettered.extend(crashed)
-        return leased
+                self._dead_lettered.append(TaskAttemptRef(row["task_id"], row["attempt_id"]))
 
     def _crash_dead_lettered(self, tx: Tx, row: Row, reason: str) -> bool:
         """Crash the row's task when its attempt is still current and unfinished

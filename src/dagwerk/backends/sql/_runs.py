@@ -270,6 +270,8 @@ class RunsMixin(SqlStoreBase):
                 "now": self._now(),
             },
         )
+        # Resume a waiting parent and cancel descendants in this same commit.
+        self._after_terminate(tx, run, status, error)
 
     # -- run retry -------------------------------------------------------------------
 

@@ -193,6 +193,7 @@ class TasksMixin(SqlStoreBase):
             if task is None:
                 return None
             prepared = self._prepare_outputs(tx, task, tuple(outputs))
+            self._charge_completion(tx, task, tuple(outputs))
             if prepared:
                 tx.many("output_insert", prepared)
             check_task_transition(TaskStatus.RUNNING, TaskStatus.COMPLETED)

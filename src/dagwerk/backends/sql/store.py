@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from ._children import ChildrenMixin
+from ._gated import GatedMixin
 from ._launches import LaunchesMixin
 from ._queue import QueueMixin
 from ._runs import RunsMixin
@@ -11,7 +13,15 @@ from ._waits import WaitsMixin
 __all__ = ["SqlStore"]
 
 
-class SqlStore(RunsMixin, LaunchesMixin, TasksMixin, WaitsMixin, QueueMixin):
+class SqlStore(
+    ChildrenMixin,
+    RunsMixin,
+    LaunchesMixin,
+    TasksMixin,
+    WaitsMixin,
+    QueueMixin,
+    GatedMixin,
+):
     """Implements ``DagStore``, ``DagWaitStore``, ``DagRetryStore``,
     ``OutputResolver``, ``DagRunStore``, ``RunActivityStore`` and
     ``DagQueueStore`` over a :class:`~dagwerk.backends.sql.gateway.Gateway`.

@@ -106,6 +106,13 @@ SELECT * FROM dagwerk_launches WHERE run_id = :run_id AND active = 1 ORDER BY no
 -- name: launch_task_ids
 SELECT task_id FROM dagwerk_tasks WHERE launch_id = :launch_id ORDER BY seq;
 
+-- name: launch_task_ids_of_run
+-- The task IDs of every active launch of a run in one round trip.
+SELECT t.launch_id, t.task_id
+FROM dagwerk_launches l JOIN dagwerk_tasks t ON t.launch_id = l.launch_id
+WHERE l.run_id = :run_id AND l.active = 1
+ORDER BY t.seq;
+
 -- name: launch_insert
 INSERT INTO dagwerk_launches
     (launch_id, run_id, node_index, generation, plugin, disposition, error, task_count)
@@ -356,3 +363,129 @@ INSERT INTO dagwerk_schema_version (version) VALUES (:version);
 -- name: schema_foreign_tables
 SELECT count(*) AS n FROM sqlite_master WHERE type = 'table' AND name NOT LIKE 'dagwerk_%'
   AND name NOT LIKE 'sqlite_%';
+
+
+-- name: gated_lease_acquire
+INSERT INTO dagwerk_leases (name, holder, expires_at) VALUES (:name, :holder, :expires)
+ON CONFLICT (name) DO UPDATE SET holder = excluded.holder, expires_at = excluded.expires_at
+WHERE dagwerk_leases.holder = excluded.holder OR dagwerk_leases.expires_at <= :now;
+
+-- name: gated_run_lock
+SELECT status FROM dagwerk_runs WHERE run_id = :run_id;
+
+-- name: gated_lease_release
+DELETE FROM dagwerk_leases WHERE name = :name AND holder = :holder;
+
+-- name: gated_queued_without_delivery
+SELECT t.* FROM dagwerk_tasks t
+JOIN dagwerk_nodes n
+     ON n.run_id = t.run_id AND n.node_index = t.node_index AND n.generation = t.generation
+JOIN dagwerk_launches l
+     ON l.launch_id = t.launch_id AND l.active = 1 AND l.generation = t.generation
+WHERE t.run_id = :run_id AND t.invalidated = 0 AND t.status = 'queued'
+  AND NOT EXISTS (SELECT 1 FROM dagwerk_deliveries d
+                  WHERE d.task_id = t.task_id AND d.attempt_id = t.attempt_id)
+  AND NOT EXISTS (SELECT 1 FROM dagwerk_dead_letters x
+                  WHERE x.task_id = t.task_id AND x.attempt_id = t.attempt_id
+                    AND x.reinjected_attempt_id IS NULL)
+ORDER BY t.seq;
+
+-- name: gated_waits_observe
+INSERT INTO dagwerk_wait_seen (task_id, wait_id, first_seen_at)
+SELECT t.task_id, t.active_wait_id, :now FROM dagwerk_tasks t
+WHERE t.run_id = :run_id AND t.invalidated = 0 AND t.status = 'waiting'
+  AND t.active_wait_id IS NOT NULL
+ON CONFLICT (task_id, wait_id) DO NOTHING;
+
+-- name: gated_waits_seen
+SELECT t.task_id, s.first_seen_at FROM dagwerk_tasks t
+JOIN dagwerk_wait_seen s ON s.task_id = t.task_id AND s.wait_id = t.active_wait_id
+WHERE t.run_id = :run_id AND t.invalidated = 0 AND t.status = 'waiting'
+ORDER BY t.seq;
+
+-- name: gated_stall_insert
+INSERT INTO dagwerk_stalls (run_id, reason, held_nodes, detected_at)
+SELECT run_id, :reason, :held_nodes, :now FROM dagwerk_runs WHERE run_id = :run_id
+ON CONFLICT (run_id) DO NOTHING;
+
+-- name: gated_stall_update
+UPDATE dagwerk_stalls SET reason = :reason, held_nodes = :held_nodes WHERE run_id = :run_id;
+
+-- name: gated_stall_delete
+DELETE FROM dagwerk_stalls WHERE run_id = :run_id;
+
+-- name: gated_stalls_list
+SELECT * FROM dagwerk_stalls ORDER BY detected_at, run_id;
+
+-- name: gated_queue_stats
+SELECT queue,
+       sum(CASE WHEN lease_expires_at IS NULL OR lease_expires_at <= :now THEN 1 ELSE 0 END)
+           AS depth,
+       min(CASE WHEN available_at <= :now THEN available_at END) AS oldest
+FROM dagwerk_deliveries GROUP BY queue ORDER BY queue;
+
+-- name: gated_run_status_counts
+SELECT status, count(*) AS n FROM dagwerk_runs GROUP BY status;
+
+-- Composite child runs and budgets (issue 7). ---------------------------------
+
+-- name: child_link_insert
+INSERT INTO dagwerk_run_links
+    (run_id, parent_run_id, parent_task_id, root_run_id, wait_id, lineage, created_seq)
+VALUES (:run_id, :parent_run_id, :parent_task_id, :root_run_id, :wait_id, :lineage,
+        (SELECT coalesce(max(created_seq), 0) + 1 FROM dagwerk_run_links
+          WHERE parent_run_id = :parent_run_id));
+
+-- name: child_link_get
+SELECT * FROM dagwerk_run_links WHERE run_id = :run_id;
+
+-- name: child_runs_of
+SELECT l.run_id, r.status FROM dagwerk_run_links l
+JOIN dagwerk_runs r ON r.run_id = l.run_id
+WHERE l.parent_run_id = :run_id ORDER BY l.created_seq, l.run_id;
+
+-- name: child_outputs_of_node
+SELECT output_id, fields, data FROM dagwerk_outputs
+WHERE run_id = :run_id AND node_index = :node_index AND invalidated = 0 ORDER BY seq;
+
+-- name: child_wait_used
+SELECT 1 AS used FROM dagwerk_waits WHERE task_id = :task_id AND wait_id = :wait_id;
+
+-- name: budget_insert
+INSERT INTO dagwerk_budgets
+    (account_id, max_input_bytes, max_output_bytes, max_cost_units, max_cost)
+VALUES (:account_id, :max_input_bytes, :max_output_bytes, :max_cost_units, :max_cost);
+
+-- name: budget_run_account_insert
+INSERT INTO dagwerk_run_accounts (run_id, account_id, position)
+VALUES (:run_id, :account_id, :position);
+
+-- name: budget_charge
+UPDATE dagwerk_budgets
+SET used_input_bytes = used_input_bytes + :input_bytes,
+    used_output_bytes = used_output_bytes + :output_bytes,
+    charged_units = charged_units + :units
+WHERE account_id = :account_id;
+
+-- name: budget_hold_get
+SELECT * FROM dagwerk_budget_holds WHERE task_id = :task_id AND attempt_id = :attempt_id;
+
+-- name: budget_hold_insert
+INSERT INTO dagwerk_budget_holds (task_id, attempt_id, run_id, units, charged, input_bytes)
+VALUES (:task_id, :attempt_id, :run_id, :units, 0, :input_bytes);
+
+-- name: budget_hold_charge
+UPDATE dagwerk_budget_holds SET charged = 1
+WHERE task_id = :task_id AND attempt_id = :attempt_id AND charged = 0;
+
+-- name: budget_accounts_of
+-- The accounts a run draws on with their usage; a hold is reserved while its
+-- attempt is the task's current RUNNING attempt (release needs no write).
+SELECT b.*, a.position,
+       (SELECT coalesce(sum(h.units), 0) FROM dagwerk_budget_holds h
+          JOIN dagwerk_run_accounts ha ON ha.run_id = h.run_id AND ha.account_id = b.account_id
+          JOIN dagwerk_tasks t ON t.task_id = h.task_id
+         WHERE h.charged = 0 AND t.attempt_id = h.attempt_id AND t.status = 'running'
+           AND t.invalidated = 0) AS reserved_units
+FROM dagwerk_run_accounts a JOIN dagwerk_budgets b ON b.account_id = a.account_id
+WHERE a.run_id = :run_id ORDER BY a.position;

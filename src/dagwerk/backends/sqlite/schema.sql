@@ -153,3 +153,69 @@ CREATE TABLE dagwerk_attempts (
     resumed_from_wait_id TEXT
 );
 CREATE INDEX dagwerk_attempts_task ON dagwerk_attempts (task_id, seq);
+
+CREATE TABLE dagwerk_run_links (
+    run_id TEXT PRIMARY KEY REFERENCES dagwerk_runs (run_id),
+    -- No foreign keys to the ancestors: an ancestor with no stored run is
+    -- legal and is not a cancellation signal.
+    parent_run_id TEXT NOT NULL,
+    parent_task_id TEXT NOT NULL,
+    root_run_id TEXT NOT NULL,
+    wait_id TEXT,
+    -- Opaque to the store: workers decode it before executing any task.
+    lineage TEXT NOT NULL,
+    created_seq INTEGER NOT NULL
+) WITHOUT ROWID;
+CREATE INDEX dagwerk_run_links_parent ON dagwerk_run_links (parent_run_id, created_seq);
+
+CREATE TABLE dagwerk_budgets (
+    account_id TEXT PRIMARY KEY REFERENCES dagwerk_runs (run_id),
+    max_input_bytes INTEGER,
+    max_output_bytes INTEGER,
+    max_cost_units INTEGER,
+    max_cost TEXT,
+    used_input_bytes INTEGER NOT NULL DEFAULT 0,
+    used_output_bytes INTEGER NOT NULL DEFAULT 0,
+    charged_units INTEGER NOT NULL DEFAULT 0
+) WITHOUT ROWID;
+
+CREATE TABLE dagwerk_run_accounts (
+    run_id TEXT NOT NULL REFERENCES dagwerk_runs (run_id),
+    account_id TEXT NOT NULL,
+    position INTEGER NOT NULL,
+    PRIMARY KEY (run_id, account_id)
+) WITHOUT ROWID;
+CREATE INDEX dagwerk_run_accounts_account ON dagwerk_run_accounts (account_id);
+
+CREATE TABLE dagwerk_budget_holds (
+    task_id TEXT NOT NULL,
+    attempt_id TEXT NOT NULL,
+    run_id TEXT NOT NULL,
+    units INTEGER NOT NULL,
+    -- A hold counts while its attempt is the task's current RUNNING one.
+    charged INTEGER NOT NULL DEFAULT 0,
+    input_bytes INTEGER NOT NULL,
+    PRIMARY KEY (task_id, attempt_id)
+) WITHOUT ROWID;
+CREATE INDEX dagwerk_budget_holds_run ON dagwerk_budget_holds (run_id, charged);
+
+-- version 4 (gated dispatch): named leases, stalls, first-seen waits.
+CREATE TABLE dagwerk_leases (
+    name TEXT PRIMARY KEY,
+    holder TEXT NOT NULL,
+    expires_at REAL NOT NULL
+) WITHOUT ROWID;
+
+CREATE TABLE dagwerk_stalls (
+    run_id TEXT PRIMARY KEY REFERENCES dagwerk_runs (run_id),
+    reason TEXT NOT NULL,
+    held_nodes TEXT NOT NULL,
+    detected_at REAL NOT NULL
+) WITHOUT ROWID;
+
+CREATE TABLE dagwerk_wait_seen (
+    task_id TEXT NOT NULL,
+    wait_id TEXT NOT NULL,
+    first_seen_at REAL NOT NULL,
+    PRIMARY KEY (task_id, wait_id)
+) WITHOUT ROWID;

@@ -1,0 +1,136 @@
+"""The backstop operations of the in-memory store (the reference for
+:class:`~dagwerk.store.BackstopStore`)."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from dagwerk.constants import RunStatus, TaskStatus
+from dagwerk.store import InvalidStoreValueError, QueueStats, StallRecord, validate_seconds
+
+from ._base import MemoryStoreBase
+
+
+def _check_name(value: object, name: str) -> str:
+    if not isinstance(value, str) or not value:
+        raise InvalidStoreValueError(f"{name} must be a non-empty string", field=name)
+    return value
+
+
+class GatedMixin(MemoryStoreBase):
+    def __init__(self, **settings: Any) -> None:
+        super().__init__(**settings)
+        # lease name -> (holder, expires_at)
+        self._leases: dict[str, tuple[str, float]] = {}
+        self._stalls: dict[str, StallRecord] = {}
+        # (task_id, wait_id) -> store time the wait was first observed
+        self._wait_seen: dict[tuple[str, str], float] = {}
+
+    def try_acquire_lease(self, name: str, holder: str, seconds: float) -> bool:
+        _check_name(name, "name")
+        _check_name(holder, "holder")
+        span = validate_seconds(seconds, "seconds", positive=True)
+        with self._lock:
+            now = float(self._clock())
+            current = self._leases.get(name)
+            if current is not None and current[0] != holder and current[1] > now:
+                return False
+            self._leases[name] = (holder, now + span)
+            return True
+
+    def release_lease(self, name: str, holder: str) -> bool:
+        with self._lock:
+            current = self._leases.get(name)
+            if current is None or current[0] != holder:
+                return False
+            del self._leases[name]
+            return True
+
+    def repair_missing_deliveries(self, run_id: str) -> list[str]:
+        with self._lock:
+            run = self._runs.get(run_id)
+            if run is None or run.status is not RunStatus.RUNNING:
+                return []
+            parked = {
+                (letter.task_id, letter.attempt_id)
+                for letter in self._dead_letters.values()
+                if letter.run_id == run_id and letter.reinjected_attempt_id is None
+            }
+            repaired: list[str] = []
+            for task_id in run.task_ids:
+                task = self._tasks[task_id]
+                if task.status is not TaskStatus.QUEUED or self._owned(task) is not run:
+                    continue
+                rows = self._task_rows.get(task_id, ())
+                if any(self._deliveries[row].attempt_id == task.attempt_id for row in rows):
+                    continue
+                if (task_id, task.attempt_id) in parked:
+                    continue
+                self._enqueue(run, task, delivery_count=task.lost_deliveries)
+                repaired.append(task_id)
+            return repaired
+
+    def observe_waits(self, run_id: str) -> Mapping[str, float]:
+        with self._lock:
+            run = self._runs.get(run_id)
+            if run is None or run.status is not RunStatus.RUNNING:
+                return {}
+            now = float(self._clock())
+            seen: dict[str, float] = {}
+            for task_id in run.task_ids:
+                task = self._tasks[task_id]
+                if (
+                    task.status is not TaskStatus.WAITING
+                    or task.active_wait_id is None
+                    or self._owned(task) is not run
+                ):
+                    continue
+                key = (task_id, task.active_wait_id)
+                seen[task_id] = max(0.0, now - self._wait_seen.setdefault(key, now))
+            return seen
+
+    def try_record_stall(self, run_id: str, reason: str, held_nodes: tuple[int, ...]) -> bool:
+        _check_name(run_id, "run_id")
+        if not isinstance(reason, str):
+            raise InvalidStoreValueError("reason must be a string", field="reason")
+        held = tuple(sorted(set(held_nodes)))
+        if any(type(index) is not int or index < 0 for index in held):
+            raise InvalidStoreValueError("held_nodes must be node indices", field="held_nodes")
+        with self._lock:
+            if run_id not in self._runs:
+                return False
+            found = self._stalls.get(run_id)
+            detected = float(self._clock()) if found is None else found.detected_at
+            self._stalls[run_id] = StallRecord(run_id, reason, held, detected)
+            return found is None
+
+    def clear_stall(self, run_id: str) -> bool:
+        with self._lock:
+            return self._stalls.pop(run_id, None) is not None
+
+    def list_stalls(self) -> list[StallRecord]:
+        with self._lock:
+            return sorted(self._stalls.values(), key=lambda s: (s.detected_at, s.run_id))
+
+    def queue_stats(self) -> list[QueueStats]:
+        with self._lock:
+            now = float(self._clock())
+            depth: dict[str, int] = {}
+            oldest: dict[str, float] = {}
+            for row in self._queue.values():
+                depth.setdefault(row.queue, 0)
+                if row.lease_expires_at is None or row.lease_expires_at <= now:
+                    depth[row.queue] += 1
+                if row.available_at <= now:
+                    oldest[row.queue] = min(
+                        oldest.get(row.queue, row.available_at), row.available_at
+                    )
+            return [QueueStats(name, depth[name], oldest.get(name)) for name in sorted(depth)]
+
+    def run_status_counts(self) -> Mapping[RunStatus, int]:
+        with self._lock:
+            counts: dict[RunStatus, int] = {}
+            for run in self._runs.values():
+                counts[run.status] = counts.get(run.status, 0) + 1
+            return counts

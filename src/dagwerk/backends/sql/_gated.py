@@ -1,0 +1,117 @@
+"""The backstop operations of the SQL store (:class:`~dagwerk.store.BackstopStore`)."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+
+from dagwerk.constants import RunStatus
+from dagwerk.store import InvalidStoreValueError, QueueStats, StallRecord, validate_seconds
+
+from ._base import SqlStoreBase
+
+
+def _check_name(value: object, name: str) -> str:
+    if not isinstance(value, str) or not value:
+        raise InvalidStoreValueError(f"{name} must be a non-empty string", field=name)
+    return value
+
+
+class GatedMixin(SqlStoreBase):
+    def try_acquire_lease(self, name: str, holder: str, seconds: float) -> bool:
+        _check_name(name, "name")
+        _check_name(holder, "holder")
+        span = validate_seconds(seconds, "seconds", positive=True)
+        with self._gw.write() as tx:
+            now = self._now()
+            changed = tx.run(
+                "gated_lease_acquire",
+                {"name": name, "holder": holder, "expires": now + span, "now": now},
+            )
+            return changed == 1
+
+    def release_lease(self, name: str, holder: str) -> bool:
+        if not isinstance(name, str) or not isinstance(holder, str):
+            return False
+        with self._gw.write() as tx:
+            return tx.run("gated_lease_release", {"name": name, "holder": holder}) == 1
+
+    def repair_missing_deliveries(self, run_id: str) -> list[str]:
+        if not isinstance(run_id, str):
+            return []
+        with self._gw.write() as tx:
+            # The run lock first: no launch, claim or ack of this run interleaves.
+            run = tx.one("gated_run_lock", {"run_id": run_id})
+            if run is None or run["status"] != "running":
+                return []
+            repaired: list[str] = []
+            for task in tx.all("gated_queued_without_delivery", {"run_id": run_id}):
+                self._enqueue(tx, task, task["attempt_id"], delivery_count=task["lost_deliveries"])
+                repaired.append(task["task_id"])
+            return repaired
+
+    def observe_waits(self, run_id: str) -> Mapping[str, float]:
+        if not isinstance(run_id, str):
+            return {}
+        with self._gw.write() as tx:
+            run = tx.one("gated_run_lock", {"run_id": run_id})
+            if run is None or run["status"] != "running":
+                return {}
+            now = self._now()
+            tx.run("gated_waits_observe", {"run_id": run_id, "now": now})
+            rows = tx.all("gated_waits_seen", {"run_id": run_id})
+            return {row["task_id"]: max(0.0, now - float(row["first_seen_at"])) for row in rows}
+
+    def try_record_stall(self, run_id: str, reason: str, held_nodes: tuple[int, ...]) -> bool:
+        _check_name(run_id, "run_id")
+        if not isinstance(reason, str):
+            raise InvalidStoreValueError("reason must be a string", field="reason")
+        held = sorted(set(held_nodes))
+        if any(type(index) is not int or index < 0 for index in held):
+            raise InvalidStoreValueError("held_nodes must be node indices", field="held_nodes")
+        params = {
+            "run_id": run_id,
+            "reason": reason,
+            "held_nodes": json.dumps(held),
+            "now": self._now(),
+        }
+        with self._gw.write() as tx:
+            if tx.run("gated_stall_insert", params) == 1:
+                return True
+            tx.run("gated_stall_update", params)
+            return False
+
+    def clear_stall(self, run_id: str) -> bool:
+        if not isinstance(run_id, str):
+            return False
+        with self._gw.write() as tx:
+            return tx.run("gated_stall_delete", {"run_id": run_id}) == 1
+
+    def list_stalls(self) -> list[StallRecord]:
+        with self._gw.read() as tx:
+            return [
+                StallRecord(
+                    run_id=row["run_id"],
+                    reason=row["reason"],
+                    held_nodes=tuple(json.loads(row["held_nodes"])),
+                    detected_at=float(row["detected_at"]),
+                )
+                for row in tx.all("gated_stalls_list")
+            ]
+
+    def queue_stats(self) -> list[QueueStats]:
+        with self._gw.read() as tx:
+            rows = tx.all("gated_queue_stats", {"now": self._now()})
+            return [
+                QueueStats(
+                    queue=row["queue"],
+                    depth=int(row["depth"]),
+                    oldest_available_at=(None if row["oldest"] is None else float(row["oldest"])),
+                )
+                for row in rows
+            ]
+
+    def run_status_counts(self) -> Mapping[RunStatus, int]:
+        with self._gw.read() as tx:
+            rows = tx.all("gated_run_status_counts")
+            return {RunStatus(row["status"]): int(row["n"]) for row in rows}

@@ -1,0 +1,179 @@
+"""``/metrics`` and ``/healthz`` over HTTP (127.0.0.1 unless told otherwise).
+
+:class:`HealthServer` serves a :class:`~dagwerk.metrics.Metrics` registry and
+a health document from a background thread. ``/healthz`` answers 200 with
+``{"status": "ok", ...}`` or 503 with ``"unhealthy"`` and the reasons:
+
+- the store does not answer a read (``database_reachable``);
+- the last successful step of the worker loop is older than ``step_stale_after``;
+- the backstop is enabled and its last completed pass is older than
+  ``backstop_stale_after`` (by default three intervals).
+
+Binding to anything but the loopback address is an explicit choice of the
+caller (``host=``); metrics can reveal node and plugin names.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import threading
+from dataclasses import dataclass, field
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
+
+from dagwerk.metrics import CONTENT_TYPE, Metrics
+from dagwerk.runtime.backstop import Backstop, BackstopReport
+from dagwerk.runtime.clock import Clock, SystemClock
+from dagwerk.runtime.observer import WorkerObserver
+
+__all__ = ["DEFAULT_HOST", "HealthServer", "HealthState"]
+
+_LOG = logging.getLogger("dagwerk.health")
+
+DEFAULT_HOST = "127.0.0.1"
+# A run ID no run has; reading its status proves the database answers.
+_PROBE_RUN = "dagwerk-healthz-probe"
+
+
+@dataclass(slots=True)
+class HealthState(WorkerObserver):
+    """What ``/healthz`` reports; also a worker observer that notes each step."""
+
+    store: Any
+    backstop: Backstop | None = None
+    clock: Clock = field(default_factory=SystemClock)
+    step_stale_after: float = 60.0
+    backstop_stale_after: float | None = None
+    last_step_at: float | None = None
+    started_at: float = 0.0
+
+    def __post_init__(self) -> None:
+        self.started_at = self.clock.time()
+
+    # worker observer hooks
+    def step_finished(self) -> None:
+        self.mark_step()
+
+    def backstop_finished(self, report: BackstopReport) -> None:
+        if report.ran and not report.errors:
+            self.mark_step()
+
+    def mark_step(self) -> None:
+        """Record a successful step now."""
+        self.last_step_at = self.clock.time()
+
+    def check(self) -> tuple[bool, dict[str, object]]:
+        """``(healthy, document)``."""
+        now = self.clock.time()
+        problems: list[str] = []
+        try:
+            self.store.get_run_status(_PROBE_RUN)
+            reachable = True
+        except Exception as exc:
+            reachable = False
+            problems.append(f"database unreachable: {type(exc).__name__}: {exc}")
+        step_age = None if self.last_step_at is None else now - self.last_step_at
+        # Before the first step, the process age stands in for the step age.
+        waited = step_age if step_age is not None else now - self.started_at
+        if waited > self.step_stale_after:
+            problems.append(f"no successful step for {waited:.0f}s")
+        backstop_age: float | None = None
+        backstop = self.backstop
+        if backstop is not None and backstop.enabled:
+            assert backstop.interval is not None
+            last = backstop.last_pass_at
+            backstop_age = None if last is None else now - last
+            limit = self.backstop_stale_after or 3 * backstop.interval
+            age = backstop_age if backstop_age is not None else now - self.started_at
+            if age > limit:
+                problems.append(f"no backstop pass for {age:.0f}s")
+        document: dict[str, object] = {
+            "status": "ok" if not problems else "unhealthy",
+            "database_reachable": reachable,
+            "last_step_at": self.last_step_at,
+            "last_step_age_seconds": step_age,
+            "backstop_enabled": backstop is not None and backstop.enabled,
+            "backstop_age_seconds": backstop_age,
+            "problems": problems,
+        }
+        return not problems, document
+
+
+class _Handler(BaseHTTPRequestHandler):
+    server: _Server
+
+    def do_GET(self) -> None:
+        path = self.path.split("?", 1)[0]
+        if path == "/metrics":
+            try:
+                body = self.server.metrics.render()
+            except Exception as exc:
+                self._send(500, "text/plain; charset=utf-8", f"{exc}\n".encode())
+                return
+            self._send(200, CONTENT_TYPE, body)
+        elif path == "/healthz":
+            healthy, document = self.server.health.check()
+            body = (json.dumps(document, sort_keys=True) + "\n").encode()
+            self._send(200 if healthy else 503, "application/json", body)
+        else:
+            self._send(404, "text/plain; charset=utf-8", b"not found\n")
+
+    def _send(self, code: int, content_type: str, body: bytes) -> None:
+        self.send_response(code)
+        self.send_header("Content-Type", content_type)
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def log_message(self, format: str, *args: Any) -> None:
+        _LOG.debug("%s " + format, self.address_string(), *args)
+
+
+class _Server(ThreadingHTTPServer):
+    daemon_threads = True
+
+    def __init__(self, address: tuple[str, int], metrics: Metrics, health: HealthState) -> None:
+        self.metrics = metrics
+        self.health = health
+        super().__init__(address, _Handler)
+
+
+class HealthServer:
+    """Serves ``/metrics`` and ``/healthz`` on ``host:port`` (port 0: any free
+    port; see :attr:`port`) from a daemon thread until :meth:`stop`."""
+
+    def __init__(
+        self, metrics: Metrics, health: HealthState, *, port: int = 0, host: str = DEFAULT_HOST
+    ) -> None:
+        self._server = _Server((host, port), metrics, health)
+        self._thread = threading.Thread(
+            target=self._server.serve_forever, name="dagwerk-health", daemon=True
+        )
+
+    @property
+    def host(self) -> str:
+        return str(self._server.server_address[0])
+
+    @property
+    def port(self) -> int:
+        return int(self._server.server_address[1])
+
+    @property
+    def url(self) -> str:
+        return f"http://{self.host}:{self.port}"
+
+    def start(self) -> HealthServer:
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        self._server.shutdown()
+        self._server.server_close()
+        self._thread.join()
+
+    def __enter__(self) -> HealthServer:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()

@@ -1,0 +1,304 @@
+"""Child runs in the worker: starting, waiting, and the lineage guard.
+
+A plugin starts a child with ``ctx.start_child(nodes_or_pipeline, input=...)``
+(which only records the request and returns the child's run ID) and waits
+with ``ctx.wait_for_child(child_run_id)``; ``ctx.run_child(...)`` does both.
+The wait never returns: the worker commits, in one store transaction, the
+child run (PENDING, with its lineage and budget) and the parent's WAITING
+state under ``child_wait_id(child_run_id)``, then starts the child. The
+child's terminal transition resumes the parent in the same commit; the
+resumed attempt reads ``ctx.child_result(child_run_id)``. A failed child is
+a result like any other: the plugin decides (raise to fail, or handle it).
+
+Before executing any task, :func:`guard_lineage` decodes the run's persisted
+lineage (never an in-process default), so every worker enforces the depth
+limit, the recursion rule and ancestor cancellation on runs it did not
+create (CL-01..CL-06).
+
+Child requests live in the attempt's context object, so they work with the
+thread and async executors; a plugin under the process executor cannot
+start children (its context is a copy in another process).
+"""
+
+from __future__ import annotations
+
+import logging
+import uuid
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from dagwerk.budgets import Budget
+from dagwerk.constants import FailurePolicy, RunStatus
+from dagwerk.errors import DagwerkError
+from dagwerk.graph import validate_graph
+from dagwerk.json import JsonValue, thaw_json
+from dagwerk.lineage import (
+    LineageInvalidError,
+    RunLineage,
+    RunLink,
+    cancellation_anchors,
+    check_lineage,
+    child_lineage,
+    child_wait_id,
+    decode_lineage,
+    encode_lineage,
+    pipeline_identity,
+)
+from dagwerk.models import DagNode
+from dagwerk.orchestrator import cancel_run, start_run
+from dagwerk.store import DagChildStore
+
+if TYPE_CHECKING:
+    from dagwerk.runtime.context import TaskContext
+    from dagwerk.runtime.worker import Worker
+    from dagwerk.store import LeasedDelivery
+
+__all__ = [
+    "ChildPipeline",
+    "ChildRequests",
+    "ChildResult",
+    "ChildRunError",
+    "guard_lineage",
+    "settle_child_wait",
+]
+
+_LOG = logging.getLogger("dagwerk.runtime.children")
+
+
+class ChildRunError(DagwerkError, RuntimeError):
+    """A child request cannot be honoured (unknown child, no store support)."""
+
+    code = "child_run_invalid"
+
+
+@dataclass(frozen=True, slots=True)
+class ChildPipeline:
+    """A child pipeline with its identity and recursion declaration.
+
+    ``pipeline_id`` defaults to the hash of the node definitions. A pipeline
+    that may appear in its own ancestry declares ``allow_recursion=True`` and
+    ``max_recursion`` (how often it may appear above itself). ``budget``
+    gives the child its own budget, which must fit inside its ancestors'.
+    """
+
+    nodes: tuple[DagNode, ...]
+    pipeline_id: str | None = None
+    allow_recursion: bool = False
+    max_recursion: int | None = None
+    failure_policy: FailurePolicy = FailurePolicy.FAIL_FAST
+    budget: Budget | None = None
+
+    @property
+    def identity(self) -> str:
+        return self.pipeline_id or pipeline_identity(self.nodes)
+
+
+@dataclass(frozen=True, slots=True)
+class ChildRequest:
+    child_run_id: str
+    pipeline: ChildPipeline
+    run_input: Mapping[str, object]
+
+
+@dataclass(slots=True)
+class ChildRequests:
+    """The children an attempt asked for (filled by ``ctx.start_child``)."""
+
+    pending: dict[str, ChildRequest] = field(default_factory=dict)
+
+    def add(
+        self,
+        nodes_or_pipeline: object,
+        run_input: Mapping[str, object] | None,
+        *,
+        child_run_id: str | None = None,
+        budget: Budget | None = None,
+    ) -> str:
+        pipeline = _as_pipeline(nodes_or_pipeline, budget)
+        # An invalid child graph fails the plugin now, before anything is stored.
+        validate_graph(list(pipeline.nodes))
+        run_id = child_run_id or f"child-{uuid.uuid4().hex}"
+        self.pending[run_id] = ChildRequest(run_id, pipeline, dict(run_input or {}))
+        return run_id
+
+
+def _as_pipeline(value: object, budget: Budget | None) -> ChildPipeline:
+    if isinstance(value, ChildPipeline):
+        if budget is not None:
+            return ChildPipeline(
+                value.nodes,
+                value.pipeline_id,
+                value.allow_recursion,
+                value.max_recursion,
+                value.failure_policy,
+                budget,
+            )
+        return value
+    nodes = getattr(value, "nodes", None)
+    if nodes is not None and not isinstance(value, Sequence):
+        # A loaded pipeline file (dagwerk.pipelines.loader.Pipeline).
+        policy = getattr(value, "failure_policy", FailurePolicy.FAIL_FAST)
+        return ChildPipeline(tuple(nodes), failure_policy=policy, budget=budget)
+    if isinstance(value, Sequence) and not isinstance(value, str | bytes):
+        return ChildPipeline(tuple(value), budget=budget)
+    raise ChildRunError(
+        "start_child takes a list of DagNode, a ChildPipeline or a Pipeline", field="nodes"
+    )
+
+
+@dataclass(frozen=True, slots=True)
+class ChildResult:
+    """What a finished child handed its parent: status, error and the outputs
+    of its sink nodes by slug (each output a dict with id, fields, data)."""
+
+    run_id: str
+    status: RunStatus
+    error: str | None
+    outputs: Mapping[str, tuple[Mapping[str, Any], ...]]
+
+    @property
+    def ok(self) -> bool:
+        return self.status is RunStatus.COMPLETED
+
+    @classmethod
+    def from_response(cls, response: JsonValue | None) -> ChildResult | None:
+        plain: Any = thaw_json(response)
+        if not isinstance(plain, dict):
+            return None
+        outputs: dict[str, list[Mapping[str, Any]]] = plain.get("outputs") or {}
+        error = plain.get("error")
+        return cls(
+            run_id=str(plain.get("run_id")),
+            status=RunStatus(str(plain.get("status"))),
+            error=None if error is None else str(error),
+            outputs={slug: tuple(items) for slug, items in outputs.items()},
+        )
+
+
+# --- worker side ---------------------------------------------------------------------
+
+
+def _child_store(worker: Worker) -> DagChildStore | None:
+    store = worker.store
+    return store if isinstance(store, DagChildStore) else None
+
+
+def _run_lineage(worker: Worker, run_id: str) -> RunLineage | None:
+    """The run's persisted lineage; ``None`` for a root run. Corrupt text raises
+    :class:`LineageInvalidError`."""
+    store = _child_store(worker)
+    if store is None:
+        return None
+    link = store.get_run_link(run_id)
+    if link is None:
+        return None
+    lineage = decode_lineage(link.lineage)
+    if lineage.depth >= 1 and (
+        lineage.parent_run_id != link.parent_run_id or lineage.root_run_id != link.root_run_id
+    ):
+        raise LineageInvalidError(
+            "lineage_invalid: persisted lineage contradicts the run's parent link",
+            field="lineage",
+        )
+    return lineage
+
+
+def guard_lineage(worker: Worker, delivery: LeasedDelivery) -> bool:
+    """Decode and enforce the run's persisted lineage before executing a task.
+
+    True: execute. False: the guard settled the delivery, either failing
+    the task (corrupt lineage, ``lineage_invalid``; depth or recursion
+    refused) or cancelling the run because its root or parent is committed
+    cancelled (the task is cancelled in the same commit).
+    """
+    try:
+        lineage = _run_lineage(worker, delivery.run_id)
+        if lineage is None:
+            return True
+        check_lineage(lineage, max_child_depth=worker.max_child_depth)
+    except DagwerkError as exc:
+        # CL-06: only this task fails; the worker goes on with the next one.
+        worker._fail(delivery, exc)
+        return False
+    for anchor in cancellation_anchors(lineage):
+        # CL-05: a missing ancestor (status None) is not a cancellation signal.
+        if worker.store.get_run_status(anchor) is RunStatus.CANCELLED:
+            reason = f"ancestor run {anchor!r} is cancelled"
+            cancel_run(worker.store, delivery.run_id, callbacks=worker.callbacks, reason=reason)
+            worker._ack(delivery, "cancelled", reason)
+            return False
+    return True
+
+
+def settle_child_wait(
+    worker: Worker, delivery: LeasedDelivery, ctx: TaskContext, wait_id: str
+) -> bool:
+    """Commit a wait for a child run; False when ``wait_id`` is not a child wait."""
+    request = next(
+        (r for r in ctx.children.pending.values() if child_wait_id(r.child_run_id) == wait_id),
+        None,
+    )
+    if request is None:
+        return False
+    store = _child_store(worker)
+    try:
+        if store is None:
+            raise ChildRunError("this store does not support child runs", field="store")
+        link = _link_for(worker, delivery, request)
+    except DagwerkError as exc:
+        worker._fail(delivery, exc)
+        return True
+    try:
+        waited = store.try_wait_for_child(
+            delivery.task_id,
+            expected_attempt_id=delivery.attempt_id,
+            expected_generation=delivery.generation,
+            nodes=list(request.pipeline.nodes),
+            link=link,
+            run_input=request.run_input,
+            failure_policy=request.pipeline.failure_policy,
+            budget=request.pipeline.budget,
+        )
+    except DagwerkError as exc:
+        worker._fail(delivery, exc)
+        return True
+    if waited is None:
+        worker._ack(delivery, "stale", wait_id)
+        return True
+    try:
+        start_run(worker.store, request.child_run_id, callbacks=worker.callbacks)
+    except Exception:
+        # The child stays PENDING; the parent waits until it is started or cancelled.
+        _LOG.exception("starting child run %s failed", request.child_run_id)
+    worker._ack(delivery, "waited", wait_id)
+    return True
+
+
+def _link_for(worker: Worker, delivery: LeasedDelivery, request: ChildRequest) -> RunLink:
+    parent = _run_lineage(worker, delivery.run_id)
+    if parent is not None:
+        parent_pipeline = parent.pipeline_id
+    else:
+        nodes = worker.store.get_run_nodes(delivery.run_id) or []
+        parent_pipeline = pipeline_identity(nodes)
+    pipeline = request.pipeline
+    lineage = child_lineage(
+        parent,
+        parent_run_id=delivery.run_id,
+        parent_task_id=delivery.task_id,
+        parent_pipeline_id=parent_pipeline,
+        pipeline_id=pipeline.identity,
+        allow_recursion=pipeline.allow_recursion,
+        max_recursion=pipeline.max_recursion,
+    )
+    # Refused here already, so a child that could never run is never stored.
+    check_lineage(lineage, max_child_depth=worker.max_child_depth)
+    return RunLink(
+        run_id=request.child_run_id,
+        parent_run_id=delivery.run_id,
+        parent_task_id=delivery.task_id,
+        root_run_id=lineage.root_run_id,
+        lineage=encode_lineage(lineage),
+        wait_id=child_wait_id(request.child_run_id),
+    )

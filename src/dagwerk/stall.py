@@ -1,0 +1,276 @@
+"""Why a node has not run, and whether a run is stalled (pure; seed 004).
+
+Everything here is a function of durable facts the caller read from the
+store: the run's nodes and status, its failure policy, the active launches,
+the active tasks, which (task, attempt) pairs have a deliverable queue row,
+and how long each WAITING task has waited. Nothing is stored: the status of
+a node is derived again on every call, so it cannot go stale (GD-01).
+
+A RUNNING run is *stalled* when nothing can make progress without an
+operator: no task is QUEUED with a delivery, RUNNING, or WAITING within its
+node's ``wait_timeout_seconds``, no node can become ready, and the run is not
+merely waiting to be finalised. Stalls are observability only (GD-04): the
+caller reports them and never "fixes" them here.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Collection, Mapping, Sequence
+from dataclasses import dataclass
+from enum import StrEnum
+
+from dagwerk.constants import FailurePolicy, NodeDisposition, RunStatus, TaskStatus
+from dagwerk.models import DagNode, NodeLaunch
+from dagwerk.store import TaskRecord
+
+__all__ = [
+    "NodeExplanation",
+    "NodeState",
+    "RunDiagnosis",
+    "StallState",
+    "diagnose_run",
+]
+
+
+class NodeState(StrEnum):
+    """The derived state of one node of a run."""
+
+    DONE = "done"
+    SKIPPED = "skipped"
+    FAILED = "failed"
+    UPSTREAM_FAILED = "upstream_failed"
+    RUNNING = "running"
+    QUEUED = "queued"
+    WAITING = "waiting"
+    READY = "ready"
+    PENDING = "pending"
+    HELD = "held"
+    """Cannot progress: held by the failure policy, an overdue wait or a lost delivery."""
+    NOT_RUN = "not_run"
+    """The run is over and the node never ran."""
+
+
+_LIVE = frozenset({NodeState.RUNNING, NodeState.QUEUED, NodeState.WAITING, NodeState.READY})
+_SETTLED = frozenset(
+    {NodeState.DONE, NodeState.SKIPPED, NodeState.FAILED, NodeState.UPSTREAM_FAILED}
+)
+
+
+@dataclass(frozen=True, slots=True)
+class NodeExplanation:
+    """One node's derived state and the reason, in words, it has (not) run."""
+
+    node_index: int
+    slug: str
+    state: NodeState
+    reason: str
+
+
+@dataclass(frozen=True, slots=True)
+class StallState:
+    """A stall: the held nodes (not settled, sorted) and a one-line reason."""
+
+    held_nodes: tuple[int, ...]
+    reason: str
+
+
+@dataclass(frozen=True, slots=True)
+class RunDiagnosis:
+    """Per-node explanations in node order, and the stall (``None``: not stalled)."""
+
+    run_id: str
+    status: RunStatus
+    nodes: tuple[NodeExplanation, ...]
+    stall: StallState | None
+
+    @property
+    def stalled(self) -> bool:
+        return self.stall is not None
+
+
+def _dependencies(nodes: Sequence[DagNode]) -> list[tuple[int, ...]]:
+    """Source node indices of each node, in edge order, without repeats."""
+    index_of = {node.slug: index for index, node in enumerate(nodes)}
+    found: list[tuple[int, ...]] = []
+    for node in nodes:
+        seen: dict[int, None] = {}
+        for edge in node.edges:
+            source = index_of.get(edge.source)
+            if source is not None:
+                seen.setdefault(source, None)
+        found.append(tuple(seen))
+    return found
+
+
+def _task_state(
+    node: DagNode,
+    tasks: Sequence[TaskRecord],
+    delivered: Collection[tuple[str, str]],
+    waited: Mapping[str, float],
+) -> tuple[NodeState, str]:
+    """The state of a launched node from its tasks (first match wins)."""
+    failed = [t for t in tasks if t.status in (TaskStatus.FAILED, TaskStatus.CRASHED)]
+    if failed:
+        first = failed[0]
+        return NodeState.FAILED, f"task {first.task_id} {first.status.value}: {first.error or ''}"
+    if any(t.status is TaskStatus.RUNNING for t in tasks):
+        return NodeState.RUNNING, "running"
+    queued = [t for t in tasks if t.status is TaskStatus.QUEUED]
+    if any((t.task_id, t.attempt_id) in delivered for t in queued):
+        return NodeState.QUEUED, "queued for a worker"
+    if queued:
+        lost = queued[0]
+        return NodeState.HELD, f"task {lost.task_id} is QUEUED but its delivery is missing"
+    waiting = [t for t in tasks if t.status is TaskStatus.WAITING]
+    if waiting:
+        first = waiting[0]
+        wait = f"waiting for resume of wait {first.active_wait_id}"
+        limit = node.wait_timeout_seconds
+        if limit is not None:
+            overdue = [t for t in waiting if waited.get(t.task_id, 0.0) >= limit]
+            if len(overdue) == len(waiting):
+                age = waited.get(first.task_id, 0.0)
+                return NodeState.HELD, f"{wait} for {age:.0f}s (wait timeout {limit:g}s)"
+        return NodeState.WAITING, wait
+    if any(t.status is TaskStatus.CANCELLED for t in tasks):
+        return NodeState.NOT_RUN, "cancelled"
+    return NodeState.DONE, "completed"
+
+
+def diagnose_run(
+    run_id: str,
+    status: RunStatus,
+    nodes: Sequence[DagNode],
+    launches: Mapping[int, NodeLaunch],
+    tasks: Sequence[TaskRecord],
+    *,
+    failure_policy: FailurePolicy | str = FailurePolicy.FAIL_FAST,
+    delivered: Collection[tuple[str, str]] = frozenset(),
+    wait_ages: Mapping[str, float] | None = None,
+) -> RunDiagnosis:
+    """Explain every node of a run and decide whether the run is stalled.
+
+    ``tasks`` are the run's active tasks; ``delivered`` holds the
+    ``(task_id, attempt_id)`` pairs that have a deliverable queue row;
+    ``wait_ages`` maps WAITING task IDs to seconds waited so far. Only a
+    RUNNING run can be stalled.
+    """
+    policy = FailurePolicy(failure_policy)
+    waited = wait_ages or {}
+    deps = _dependencies(nodes)
+    by_node: dict[int, list[TaskRecord]] = {}
+    for record in tasks:
+        by_node.setdefault(record.node_index, []).append(record)
+    states: dict[int, tuple[NodeState, str]] = {}
+    # Pass 1: nodes with a launch are explained by their launch and tasks.
+    for index, node in enumerate(nodes):
+        launch = launches.get(index)
+        if launch is None:
+            continue
+        if launch.disposition is NodeDisposition.FAILED:
+            states[index] = (NodeState.FAILED, f"planning failed: {launch.error}")
+        elif launch.disposition is NodeDisposition.UPSTREAM_FAILED:
+            states[index] = (NodeState.UPSTREAM_FAILED, "")  # named in pass 2
+        elif launch.disposition is not NodeDisposition.LAUNCHED:
+            states[index] = (NodeState.SKIPPED, f"{launch.disposition.value}: no task to run")
+        else:
+            states[index] = _task_state(node, by_node.get(index, []), delivered, waited)
+    failed_anywhere = [i for i, (state, _) in sorted(states.items()) if state is NodeState.FAILED]
+    # Pass 2: nodes without a launch (and UPSTREAM_FAILED ones), in index order
+    # of a topological walk so each dependency is explained first.
+    for index in _topological(deps):
+        found = states.get(index)
+        if found is not None and found[0] is not NodeState.UPSTREAM_FAILED:
+            continue
+        culprit = _failed_source(index, deps, states)
+        if found is not None:
+            where = nodes[culprit].slug if culprit is not None else "an upstream node"
+            states[index] = (NodeState.UPSTREAM_FAILED, f"upstream failed at {where}")
+            continue
+        states[index] = _unlaunched(
+            index,
+            nodes=nodes,
+            deps=deps,
+            states=states,
+            status=status,
+            policy=policy,
+            failed_anywhere=failed_anywhere,
+        )
+    explanations = tuple(
+        NodeExplanation(index, node.slug, *states[index]) for index, node in enumerate(nodes)
+    )
+    stall = _stall(status, explanations) if status is RunStatus.RUNNING else None
+    return RunDiagnosis(run_id, status, explanations, stall)
+
+
+def _topological(deps: Sequence[tuple[int, ...]]) -> list[int]:
+    """Indices with every dependency first (cycles, which validation rejects,
+    fall back to index order)."""
+    order: list[int] = []
+    placed: set[int] = set()
+    remaining = list(range(len(deps)))
+    while remaining:
+        progress = [i for i in remaining if all(d in placed for d in deps[i])]
+        if not progress:
+            progress = remaining[:1]
+        for index in progress:
+            placed.add(index)
+            order.append(index)
+        remaining = [i for i in remaining if i not in placed]
+    return order
+
+
+def _failed_source(
+    index: int, deps: Sequence[tuple[int, ...]], states: Mapping[int, tuple[NodeState, str]]
+) -> int | None:
+    """The failed node behind ``index``'s first failed or upstream-failed source."""
+    for source in deps[index]:
+        found = states.get(source)
+        if found is None:
+            continue
+        if found[0] is NodeState.FAILED:
+            return source
+        if found[0] is NodeState.UPSTREAM_FAILED:
+            return _failed_source(source, deps, states)
+    return None
+
+
+def _unlaunched(
+    index: int,
+    *,
+    nodes: Sequence[DagNode],
+    deps: Sequence[tuple[int, ...]],
+    states: Mapping[int, tuple[NodeState, str]],
+    status: RunStatus,
+    policy: FailurePolicy,
+    failed_anywhere: Sequence[int],
+) -> tuple[NodeState, str]:
+    culprit = _failed_source(index, deps, states)
+    if culprit is not None:
+        return NodeState.UPSTREAM_FAILED, f"upstream failed at {nodes[culprit].slug}"
+    if status is not RunStatus.RUNNING:
+        return NodeState.NOT_RUN, f"run is {status.value}"
+    if policy is FailurePolicy.STOP_ON_FIRST_FAILURE and failed_anywhere:
+        return (
+            NodeState.HELD,
+            f"held by stop_on_first_failure (node {nodes[failed_anywhere[0]].slug} failed)",
+        )
+    for source in deps[index]:
+        state = states.get(source, (NodeState.PENDING, ""))[0]
+        if state not in (NodeState.DONE, NodeState.SKIPPED):
+            return NodeState.PENDING, f"waiting on node {nodes[source].slug}"
+    return NodeState.READY, "ready to launch"
+
+
+def _stall(status: RunStatus, explanations: Sequence[NodeExplanation]) -> StallState | None:
+    """GD-04 in this engine's terms: nothing live, something not settled."""
+    if any(e.state in _LIVE for e in explanations):
+        return None
+    held = [e for e in explanations if e.state not in _SETTLED]
+    if not held:
+        return None  # everything settled: the run only awaits finalisation
+    # PENDING nodes are held by something upstream that is itself held; the
+    # reason names the nodes that are stuck for a reason of their own.
+    roots = [e for e in held if e.state is not NodeState.PENDING] or held
+    reason = "; ".join(f"{e.slug}: {e.reason}" for e in roots)
+    return StallState(tuple(e.node_index for e in held), reason)
