@@ -70,7 +70,14 @@ def test_the_first_command_in_a_fresh_checkout(tmp_path: Path) -> None:
         ROOT,
         checkout,
         ignore=shutil.ignore_patterns(
-            ".venv", ".git", "*.egg-info", "__pycache__", ".*_cache", ".hypothesis", "*.db"
+            ".venv",
+            ".ci-venv",
+            ".git",
+            "*.egg-info",
+            "__pycache__",
+            ".*_cache",
+            ".hypothesis",
+            "*.db",
         ),
     )
     install, _ = first_commands()
