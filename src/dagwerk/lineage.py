@@ -34,6 +34,7 @@ from dagwerk.json import canonical_json_bytes
 from dagwerk.models import DagNode
 
 __all__ = [
+    "CHILD_WAIT_PREFIX",
     "DEFAULT_MAX_CHILD_DEPTH",
     "MAX_LINEAGE_TEXT",
     "Ancestor",
@@ -309,12 +310,13 @@ def decode_lineage(text: object) -> RunLineage:
 
 # --- what the store keeps with a child run ------------------------------------
 
-_CHILD_WAIT_PREFIX = "child:"
+CHILD_WAIT_PREFIX = "child:"
+"""Wait IDs with this prefix are reserved for waits on child runs."""
 
 
 def child_wait_id(child_run_id: str) -> str:
     """The wait key under which a parent task waits for ``child_run_id``."""
-    return _CHILD_WAIT_PREFIX + child_run_id
+    return CHILD_WAIT_PREFIX + child_run_id
 
 
 @dataclass(frozen=True, slots=True)

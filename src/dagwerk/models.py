@@ -285,6 +285,9 @@ class DagNode(BaseModel):
     priority: int = 0
     # A WAITING task of this node older than this is a stall (gated dispatch).
     wait_timeout_seconds: float | None = Field(default=None, gt=0, allow_inf_nan=False)
+    # Cost a cost-limited run reserves for a task of this node (run budgets);
+    # it takes precedence over the plugin's registered estimate.
+    cost_estimate: float | None = Field(default=None, ge=0, allow_inf_nan=False)
 
     @field_validator("bindings")
     @classmethod

@@ -50,6 +50,7 @@ from dagwerk.store import (
     OutputPublicationError,
     RunActivity,
     RunActivityStore,
+    RunTopologyStore,
     StoreContractError,
     TaskAttemptRef,
     TaskCompletionResult,
@@ -126,6 +127,11 @@ def _limits_of(store: object, limits: Limits | None) -> Limits:
 
 
 def _failure_policy(store: DagStore, run_id: str) -> FailurePolicy:
+    if isinstance(store, RunTopologyStore):
+        # Fixed at creation: the store answers from its cache, not a run read.
+        found = store.get_run_failure_policy(run_id)
+        if found is not None:
+            return FailurePolicy(found)
     if isinstance(store, DagRunStore):
         record = store.get_run(run_id)
         if record is not None:
@@ -139,6 +145,20 @@ def _build_topology(nodes: list[DagNode] | None, run_id: str, limits: Limits) ->
             f"run {run_id!r} has no stored node definition", field="run_id"
         )
     return RunTopology.build(nodes, limits=limits)
+
+
+def _topology_cache(store: DagStore, limits: Limits) -> RunTopologyStore | None:
+    """The store as a topology cache when it validates under the same limits."""
+    if isinstance(store, RunTopologyStore) and getattr(store, "limits", None) == limits:
+        return store
+    return None
+
+
+def _cached_topology(cache: RunTopologyStore, run_id: str) -> RunTopology | None:
+    found = cache.get_run_topology(run_id)
+    if found is not None and not isinstance(found, RunTopology):
+        raise StoreContractError("get_run_topology returned a value outside the protocol")
+    return found
 
 
 # --- start and reconcile ----------------------------------------------------
@@ -160,7 +180,16 @@ def start_run(
     Safe to repeat for a RUNNING run.
     """
     limits = _limits_of(store, limits)
-    topology = _build_topology(store.get_run_nodes(run_id), run_id, limits)
+    cache = _topology_cache(store, limits)
+    if cache is None:
+        topology = _build_topology(store.get_run_nodes(run_id), run_id, limits)
+    else:
+        found = _cached_topology(cache, run_id)
+        if found is None:
+            raise RunDefinitionMissingError(
+                f"run {run_id!r} has no stored node definition", field="run_id"
+            )
+        topology = found
     if not store.try_start_run(run_id):
         raise RunStartRejectedError(
             f"run {run_id!r} cannot be started: it is missing or already terminal",
@@ -187,11 +216,18 @@ def reconcile_run(
     """
     if store.get_run_status(run_id) != RunStatus.RUNNING:
         return
-    nodes = store.get_run_nodes(run_id)
-    if nodes is None:
-        raise StoreContractError(f"RUNNING run {run_id!r} has no stored node definition")
     limits = _limits_of(store, limits)
-    _Reconciler(store, run_id, RunTopology.build(nodes, limits=limits), callbacks, limits).run()
+    cache = _topology_cache(store, limits)
+    found: RunTopology | None
+    if cache is None:
+        nodes = store.get_run_nodes(run_id)
+        found = None if nodes is None else RunTopology.build(nodes, limits=limits)
+    else:
+        found = _cached_topology(cache, run_id)
+    if found is None:
+        raise StoreContractError(f"RUNNING run {run_id!r} has no stored node definition")
+    topology = found
+    _Reconciler(store, run_id, topology, callbacks, limits).run()
 
 
 class _Reconciler:
@@ -246,6 +282,15 @@ class _Reconciler:
             # OR-04: the lowest failed node is reported, whatever the store's order.
             self._finalize_failed_launch(self.launches[min(failed)])
             return
+        # A task's final failure and the run's finalisation are two commits; a
+        # worker that dies between them leaves a FAILED (or CRASHED) task in a
+        # RUNNING run. Re-applying fail-fast from the stored tasks lets the
+        # next reconcile (the backstop's, at the latest) end the run.
+        if isinstance(self.store, (RunActivityStore, DagRunStore)):
+            activity = _run_activity(self.store, self.run_id, self.launches)
+            if activity.failed_tasks or activity.crashed_tasks:
+                self._finalize_from_activity(activity)
+                return
         failed_launch = self._advance()
         if failed_launch is not None:
             self._finalize_failed_launch(failed_launch)
@@ -476,7 +521,7 @@ def _check_launch_result(
 
 def _run_activity(store: DagStore, run_id: str, launches: Mapping[int, NodeLaunch]) -> RunActivity:
     """The failure-policy view of a run: the store's fast path, else derived from
-    its task list. Only non-fail-fast runs get here, so the store is a run store."""
+    its task list (the store must then be a run store)."""
     if isinstance(store, RunActivityStore):
         found = store.get_run_activity(run_id)
         if found is not None:
@@ -533,6 +578,28 @@ def on_task_complete(
     repairs a crash between the completion commit and reconcile (FN-06). A
     non-final completion of a fail-fast run reads neither topology nor launches.
     """
+    complete_attempt(
+        store,
+        task_id=task_id,
+        expected_attempt_id=expected_attempt_id,
+        outputs=outputs,
+        callbacks=callbacks,
+        limits=limits,
+    )
+
+
+def complete_attempt(
+    store: DagStore,
+    *,
+    task_id: str,
+    expected_attempt_id: str,
+    outputs: tuple[EmittedOutput, ...] = (),
+    callbacks: OrchestratorCallbacks,
+    limits: Limits | None = None,
+) -> TaskCompletionResult | None:
+    """:func:`on_task_complete` that also returns the store's completion record
+    (``None`` when this attempt's completion was not accepted), so the worker
+    needs no read to learn whether its attempt won."""
     try:
         result = store.try_complete_task(
             task_id, tuple(outputs), expected_attempt_id=expected_attempt_id
@@ -546,15 +613,16 @@ def on_task_complete(
             callbacks=callbacks,
             limits=limits,
         )
-        return
+        return None
     if result is None:
-        return
+        return None
     if not isinstance(result, TaskCompletionResult):
         raise StoreContractError("try_complete_task returned a value outside the protocol")
     if result.task_id != task_id or result.attempt_id != expected_attempt_id:
         raise StoreContractError("try_complete_task returned mismatched fields")
     if result.launch_complete or _policy_needs_reconcile(store, result.run_id):
         reconcile_run(store, result.run_id, callbacks=callbacks, limits=limits)
+    return result
 
 
 def _policy_needs_reconcile(store: DagStore, run_id: str) -> bool:

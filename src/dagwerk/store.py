@@ -42,6 +42,7 @@ from dagwerk.models import (
     ResolvedOutput,
     TaskInputPlan,
 )
+from dagwerk.topology import RunTopology
 
 __all__ = [
     "AttemptRecord",
@@ -66,6 +67,7 @@ __all__ = [
     "RunActivityStore",
     "RunRecord",
     "RunReopenResult",
+    "RunTopologyStore",
     "StallRecord",
     "StoreContractError",
     "TaskAttemptRef",
@@ -880,6 +882,34 @@ class RunActivityStore(Protocol):
         ...
 
 
+@runtime_checkable
+class RunTopologyStore(Protocol):
+    """Optional fast path: the run's validated topology, cached (dagwerk extension).
+
+    A run's node definitions never change after the run record is created, so
+    a store may build the :class:`~dagwerk.topology.RunTopology` once and hand
+    the same immutable object to every caller. Without it the orchestrator
+    reads :meth:`DagStore.get_run_nodes` and builds the topology itself.
+    """
+
+    def get_run_topology(self, run_id: str) -> RunTopology | None:
+        """The run's topology validated under the store's ``limits``; ``None`` if
+        the run does not exist. Raises
+        :class:`~dagwerk.errors.GraphValidationError` for an invalid stored
+        definition (and caches nothing then). Read-only."""
+        ...
+
+    def get_run_node(self, run_id: str, node_index: int) -> DagNode | None:
+        """A copy of one stored node definition; ``None`` if the run or the
+        index does not exist. Read-only."""
+        ...
+
+    def get_run_failure_policy(self, run_id: str) -> FailurePolicy | None:
+        """The run's failure policy (fixed when the run is created); ``None`` if
+        the run does not exist. Read-only."""
+        ...
+
+
 # --- dagwerk extension: the durable queue -------------------------------------
 
 
@@ -1087,11 +1117,11 @@ class BackstopStore(Protocol):
         repairs nothing and returns an empty list."""
         ...
 
-    def observe_waits(self, run_id: str) -> Mapping[str, float]:
-        """Record the store time at which each WAITING task of the run's active
-        generation was first observed under its current wait, and return
-        ``{task_id: seconds since then}`` for the tasks WAITING now (empty
-        for a missing or non-RUNNING run)."""
+    def wait_ages(self, run_id: str) -> Mapping[str, float]:
+        """``{task_id: seconds since its wait began}`` for each WAITING task of
+        the run's active generation, measured from the store time that
+        ``try_wait_task`` committed with the wait (empty for a missing or
+        non-RUNNING run). Read-only."""
         ...
 
     def try_record_stall(self, run_id: str, reason: str, held_nodes: tuple[int, ...]) -> bool:
@@ -1158,7 +1188,9 @@ class DagChildStore(Protocol):
         failure_policy: FailurePolicy | str = FailurePolicy.FAIL_FAST,
         budget: Budget | None = None,
     ) -> TaskWaitResult | None:
-        """One transaction: create the PENDING child ``link.run_id`` and move the
+        """One transaction: create the child ``link.run_id`` already RUNNING
+        (its roots are launched by the next reconcile, the caller's or a
+        backstop pass's, so a crash in between strands nothing) and move the
         current RUNNING attempt to WAITING under ``link.wait_id``. ``None``
         (nothing changed): not the current RUNNING attempt, a wait already
         active, the wait ID used before, or the child run exists."""

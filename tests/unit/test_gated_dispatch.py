@@ -296,6 +296,22 @@ def test_gd_12_waiting_forever_is_a_stall_reported_once(
     assert record.run_id == run_id
 
 
+def test_gd_12_wait_timeout_counts_from_when_the_wait_began(
+    store: MemoryStore, clock: FakeClock
+) -> None:
+    """The very first backstop pass after an overdue wait reports it: the age
+    comes from the wait record, not from the first pass that saw the wait."""
+    run_id = _start(store, [_root("a", wait_timeout_seconds=60.0)])
+    (task,) = _tasks(store, run_id, 0)
+    _wait(store, task, "approve")
+    clock.advance(61.0)
+    (stall,) = Backstop(store, clock=clock).run_pass().stalls
+    assert stall.new and stall.held_nodes == ("a",)
+    assert "for 61s (wait timeout 60s)" in stall.reason
+    diagnosis = diagnose_stored_run(store, run_id)  # show --why agrees, without a pass
+    assert diagnosis is not None and diagnosis.nodes[0].state is NodeState.HELD
+
+
 def test_gd_12_a_wait_without_timeout_is_not_a_stall(store: MemoryStore, clock: FakeClock) -> None:
     run_id = _start(store, [_root("a")])
     (task,) = _tasks(store, run_id, 0)

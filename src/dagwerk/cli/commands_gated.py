@@ -158,12 +158,17 @@ def serve(db: str, port: int, host: str, backstop_interval: float) -> None:
         previous = {
             sig: signal.signal(sig, request_stop) for sig in (signal.SIGINT, signal.SIGTERM)
         }
-        click.echo(f"serving {server.url}/metrics and {server.url}/healthz", err=True)
         try:
+            # The pass at start runs before the server announces itself, so a
+            # scrape right after the announcement sees it.
+            announced = False
             while True:
                 if backstop is not None:
                     backstop.maybe_run()
                 health.mark_step()
+                if not announced:
+                    click.echo(f"serving {server.url}/metrics and {server.url}/healthz", err=True)
+                    announced = True
                 if stop.wait(0.5):
                     break
         finally:

@@ -29,7 +29,8 @@ from dagwerk.orchestrator import OrchestratorCallbacks, cancel_run, reconcile_ru
 from dagwerk.pipelines.loader import Pipeline
 from dagwerk.plugins import PluginMeta
 from dagwerk.retry import RunRetryResult, retry_run
-from dagwerk.runtime.plugins import PluginFn
+from dagwerk.runtime.backstop import DEFAULT_BACKSTOP_INTERVAL, check_backstop_interval
+from dagwerk.runtime.plugins import CostEstimateFn, PluginFn
 from dagwerk.runtime.retry_policy import RetryPolicy
 from dagwerk.runtime.worker import Worker
 from dagwerk.schema import get_pipeline_input_schema, merge_run_input
@@ -117,7 +118,9 @@ class Engine:
     go to the store (``limits``, ``max_deliveries``, ...). ``execution_root``
     is where plugins run (default: the current directory, made absolute);
     ``poll_interval`` is how often ``wait`` reads the run and how long an idle
-    in-process worker sleeps at most.
+    in-process worker sleeps at most. ``backstop_interval`` is the seconds
+    between the gated-dispatch backstop passes of the workers this engine
+    builds, ``run`` included (default 30; ``None`` or 0 disables them).
     """
 
     def __init__(
@@ -126,11 +129,13 @@ class Engine:
         *,
         execution_root: str | Path | None = None,
         poll_interval: float = 0.05,
+        backstop_interval: float | None = DEFAULT_BACKSTOP_INTERVAL,
         **store_options: Any,
     ) -> None:
         self.url = url if url is not None else DEFAULT_URL
         self.execution_root = Path(execution_root or Path.cwd()).resolve()
         self.poll_interval = poll_interval
+        self.backstop_interval = check_backstop_interval(backstop_interval)
         self.plugins = EngineRegistry()
         # The store implements several protocols at once (DagStore, DagWaitStore,
         # DagRetryStore, DagRunStore, OutputResolver, DagQueueStore); Python has
@@ -180,9 +185,13 @@ class Engine:
         *,
         retry: RetryPolicy | None = None,
         timeout_seconds: float | None = None,
+        cost: CostEstimateFn | float | int | None = None,
     ) -> Callable[[PluginFn], PluginFn]:
-        """Decorator: register the function as plugin ``name`` on this engine."""
-        return self.plugins.plugin(name, retry=retry, timeout_seconds=timeout_seconds)
+        """Decorator: register the function as plugin ``name`` on this engine.
+
+        ``cost`` is the plugin's estimate for cost-limited runs (a number or
+        a function of the task inputs); a node's ``cost_estimate`` wins."""
+        return self.plugins.plugin(name, retry=retry, timeout_seconds=timeout_seconds, cost=cost)
 
     def load_plugins(self, modules: Iterable[str], *, base_dir: str | Path | None = None) -> None:
         """Import plugin modules (dotted names or ``.py`` files); see
@@ -394,6 +403,7 @@ class Engine:
         ``default_timeout``, ``worker_id``, ...). ``close`` stops it."""
         options.setdefault("execution_root", self.execution_root)
         options.setdefault("poll_interval", max(self.poll_interval, 0.05))
+        options.setdefault("backstop_interval", self.backstop_interval)
         worker = Worker(
             self._store, self.plugins, concurrency=concurrency, executor=executor, **options
         )

@@ -17,7 +17,7 @@ from typing import Final
 
 from dagwerk.errors import DagwerkError
 from dagwerk.runtime.errors import UnknownPluginError
-from dagwerk.runtime.plugins import PluginFn, PluginRegistry, PluginSpec
+from dagwerk.runtime.plugins import CostEstimateFn, PluginFn, PluginRegistry, PluginSpec
 from dagwerk.runtime.retry_policy import RetryPolicy
 
 __all__ = [
@@ -47,13 +47,17 @@ def plugin(
     *,
     retry: RetryPolicy | None = None,
     timeout_seconds: float | None = None,
+    cost: CostEstimateFn | float | int | None = None,
 ) -> Callable[[PluginFn], PluginFn]:
     """Register the decorated function as plugin ``name`` in the default registry.
 
-    The function is returned unchanged, so it stays callable (and picklable
-    by reference for the process executor).
+    ``cost`` is the estimate a cost-limited run reserves before a task of
+    this plugin executes (a number, or a function of the task inputs); a
+    node's ``cost_estimate`` takes precedence. The function is returned
+    unchanged, so it stays callable (and picklable by reference for the
+    process executor).
     """
-    return DEFAULT_REGISTRY.plugin(name, retry=retry, timeout_seconds=timeout_seconds)
+    return DEFAULT_REGISTRY.plugin(name, retry=retry, timeout_seconds=timeout_seconds, cost=cost)
 
 
 def _spec_for_function(name: str, fn: PluginFn) -> PluginSpec:
@@ -62,7 +66,7 @@ def _spec_for_function(name: str, fn: PluginFn) -> PluginSpec:
     for registered in DEFAULT_REGISTRY:
         spec = DEFAULT_REGISTRY.get(registered)
         if spec.fn is fn:
-            return PluginSpec(name, fn, spec.retry, spec.timeout_seconds)
+            return PluginSpec(name, fn, spec.retry, spec.timeout_seconds, spec.cost)
     return PluginSpec(name, fn, RetryPolicy())
 
 
@@ -100,7 +104,11 @@ class EngineRegistry(PluginRegistry):
         if isinstance(name, str) and _IMPORT_PATH.match(name):
             spec = _spec_for_function(name, _import_function(name))
             return self.register(
-                name, spec.fn, retry=spec.retry, timeout_seconds=spec.timeout_seconds
+                name,
+                spec.fn,
+                retry=spec.retry,
+                timeout_seconds=spec.timeout_seconds,
+                cost=spec.cost,
             )
         raise UnknownPluginError(
             f"no plugin is registered as {name!r}; import the module that registers it "

@@ -57,6 +57,7 @@ _COLLECTION_TAGS: Final = frozenset((_YAML_PREFIX + "map", _YAML_PREFIX + "seq")
 _UNSAFE_TEXT: Final = re.compile("[\x00-\x1f\x7f-\x9f\u2028\u2029\u202a-\u202e\u2066-\u2069]")
 _JSON_STRING: Final = re.compile(r'"(?:[^"\\]|\\.)*"', re.DOTALL)
 _JSON_BRACKET: Final = re.compile(r"[\[\]{}]")
+_LONE_SURROGATE: Final = re.compile("[\ud800-\udfff]")
 
 
 def one_line(text: str) -> str:
@@ -175,9 +176,18 @@ def read_source(file: str | os.PathLike[str]) -> SourceDocument:
     """
     path = os.fspath(file)
     try:
-        with open(path, "rb") as handle:
-            if not stat.S_ISREG(os.fstat(handle.fileno()).st_mode):
-                raise PipelineFileError("is not a regular file", path=path, rule="not_a_file")
+        # O_NONBLOCK: opening a FIFO with no writer would otherwise block
+        # forever; the fstat below then refuses it (no effect on files).
+        descriptor = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0))
+        try:
+            regular = stat.S_ISREG(os.fstat(descriptor).st_mode)
+        except OSError:
+            os.close(descriptor)
+            raise
+        if not regular:
+            os.close(descriptor)
+            raise PipelineFileError("is not a regular file", path=path, rule="not_a_file")
+        with os.fdopen(descriptor, "rb") as handle:
             # One byte past the limit tells an oversize file apart without
             # reading all of it (or forever, for /dev/zero).
             data = handle.read(MAX_PIPELINE_FILE_BYTES + 1)
@@ -215,6 +225,16 @@ def parse_source_text(
             path=path,
             line=text.count("\n", 0, text.index("\x00")) + 1,
             rule="binary_file",
+        )
+    # Text from memory can hold lone surrogates, which no UTF-8 file can:
+    # the YAML parser would fail on them with UnicodeEncodeError.
+    surrogate = _LONE_SURROGATE.search(text)
+    if surrogate is not None:
+        raise PipelineFileError(
+            "contains a lone surrogate; pipeline text must be valid Unicode",
+            path=path,
+            line=text.count("\n", 0, surrogate.start()) + 1,
+            rule="invalid_utf8",
         )
     if source_format == "json":
         return SourceDocument(path, "json", _parse_json(text, path), text)

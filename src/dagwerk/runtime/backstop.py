@@ -26,6 +26,7 @@ a failing run or read is reported and the pass goes on.
 from __future__ import annotations
 
 import logging
+import math
 import threading
 import uuid
 from collections.abc import Callable, Mapping
@@ -33,6 +34,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from dagwerk.constants import RunStatus
+from dagwerk.errors import DagwerkError
 from dagwerk.orchestrator import OrchestratorCallbacks, reconcile_run
 from dagwerk.runtime.clock import Clock, SystemClock
 from dagwerk.stall import RunDiagnosis, diagnose_run
@@ -41,8 +43,10 @@ __all__ = [
     "BACKSTOP_LEASE",
     "DEFAULT_BACKSTOP_INTERVAL",
     "Backstop",
+    "BackstopConfigError",
     "BackstopReport",
     "StallReport",
+    "check_backstop_interval",
     "diagnose_stored_run",
 ]
 
@@ -56,6 +60,33 @@ BACKSTOP_RUN_LIMIT = 10_000
 
 def _noop(run_id: str) -> None:
     return None
+
+
+class BackstopConfigError(DagwerkError, ValueError):
+    """A backstop setting that is not a duration (GD-17)."""
+
+    code = "invalid_backstop_interval"
+
+
+def check_backstop_interval(value: object) -> float | None:
+    """``value`` as a backstop interval in seconds: ``None`` or ``0`` disable the
+    periodic passes (``None`` is returned), a positive finite number is kept;
+    anything else (negative, NaN, infinite, a bool, text) raises
+    :class:`BackstopConfigError` naming the field ``backstop_interval``."""
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise BackstopConfigError(
+            f"backstop_interval must be a number of seconds or None, got {value!r}",
+            field="backstop_interval",
+        )
+    seconds = float(value)
+    if not math.isfinite(seconds) or seconds < 0:
+        raise BackstopConfigError(
+            f"backstop_interval must be finite and >= 0 (0 disables it), got {value!r}",
+            field="backstop_interval",
+        )
+    return seconds or None
 
 
 @dataclass(frozen=True, slots=True)
@@ -84,12 +115,12 @@ class BackstopReport:
     started_at: float = 0.0
 
 
-def diagnose_stored_run(store: Any, run_id: str, *, wait_ages: bool = False) -> RunDiagnosis | None:
+def diagnose_stored_run(store: Any, run_id: str) -> RunDiagnosis | None:
     """Read a run's durable facts and diagnose it; ``None`` for a missing run.
 
-    With ``wait_ages`` (a ``BackstopStore``), WAITING tasks are aged from
-    the first time a backstop observed their wait, which records the
-    observation; otherwise waits count as fresh.
+    WAITING tasks are aged from the start their wait record holds (a
+    ``BackstopStore``); with a store without ``wait_ages`` they count as fresh.
+    Read-only: explaining a run (``show --why``) changes nothing.
     """
     record = store.get_run(run_id)
     nodes = store.get_run_nodes(run_id)
@@ -99,8 +130,8 @@ def diagnose_stored_run(store: Any, run_id: str, *, wait_ages: bool = False) -> 
     # already settled, never as a QUEUED task without a row.
     delivered = {(d.task_id, d.attempt_id) for d in store.list_deliveries(run_id)}
     ages: Mapping[str, float] = {}
-    if wait_ages and record.status is RunStatus.RUNNING:
-        ages = store.observe_waits(run_id)
+    if record.status is RunStatus.RUNNING and hasattr(store, "wait_ages"):
+        ages = store.wait_ages(run_id)
     launches = store.list_node_launches(run_id)
     tasks = store.list_tasks(run_id)
     return diagnose_run(
@@ -126,7 +157,7 @@ class _Pass:
 class Backstop:
     """The backstop of one worker (or engine) over ``store``.
 
-    ``interval`` seconds between passes (``None`` or ``<= 0`` disables
+    ``interval`` seconds between passes (``None`` or ``0`` disables
     :meth:`maybe_run`; :meth:`run_pass` always works). ``on_pass`` is called
     with ``"start"`` and ``"end"`` while the lease is held (tests use it to
     observe that passes never overlap). ``on_report`` receives every report.
@@ -145,11 +176,11 @@ class Backstop:
         on_report: Callable[[BackstopReport], None] | None = None,
     ) -> None:
         self.store = store
-        self.interval = interval
+        self.interval = check_backstop_interval(interval)
         self.clock = clock or SystemClock()
         self.holder = holder or f"backstop-{uuid.uuid4().hex[:12]}"
         self.callbacks = callbacks or OrchestratorCallbacks(_noop, _noop, _noop, _noop)
-        base = interval if interval is not None and interval > 0 else DEFAULT_BACKSTOP_INTERVAL
+        base = self.interval if self.interval is not None else DEFAULT_BACKSTOP_INTERVAL
         self.lease_seconds = lease_seconds or max(60.0, 2 * base)
         self.on_pass = on_pass
         self.on_report = on_report
@@ -243,6 +274,13 @@ class Backstop:
         store = self.store
         runs = store.list_runs(status=RunStatus.RUNNING, limit=BACKSTOP_RUN_LIMIT)
         running = {run.run_id for run in runs}
+        if len(runs) >= BACKSTOP_RUN_LIMIT:
+            # GD-13: a capped read says so. list_runs returns the newest runs
+            # first, so the oldest RUNNING runs beyond the cap go unexamined.
+            _LOG.warning(
+                "backstop pass truncated: examining only %d RUNNING runs (the cap)",
+                BACKSTOP_RUN_LIMIT,
+            )
         for run in runs:
             # Renewing between runs keeps a long pass exclusive; a lost lease
             # (another holder took it after expiry) ends this pass.
@@ -298,13 +336,13 @@ class Backstop:
 
     def _check_stall(self, run_id: str, state: _Pass) -> None:
         store = self.store
-        first = diagnose_stored_run(store, run_id, wait_ages=True)
+        first = diagnose_stored_run(store, run_id)
         if first is None or first.stall is None:
             store.clear_stall(run_id)
             return
         # Reads of one diagnosis are not one snapshot: a stall counts only if a
         # second, later read agrees on the held nodes.
-        second = diagnose_stored_run(store, run_id, wait_ages=True)
+        second = diagnose_stored_run(store, run_id)
         if (
             second is None
             or second.stall is None

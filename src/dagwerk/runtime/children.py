@@ -4,8 +4,11 @@ A plugin starts a child with ``ctx.start_child(nodes_or_pipeline, input=...)``
 (which only records the request and returns the child's run ID) and waits
 with ``ctx.wait_for_child(child_run_id)``; ``ctx.run_child(...)`` does both.
 The wait never returns: the worker commits, in one store transaction, the
-child run (PENDING, with its lineage and budget) and the parent's WAITING
-state under ``child_wait_id(child_run_id)``, then starts the child. The
+child run (RUNNING, with its lineage and budget) and the parent's WAITING
+state under ``child_wait_id(child_run_id)``, then reconciles the child
+(launches its roots). A worker that dies between the two leaves a RUNNING
+child without launches, which the next backstop pass reconciles: a child
+can never be stranded PENDING under a waiting parent. The
 child's terminal transition resumes the parent in the same commit; the
 resumed attempt reads ``ctx.child_result(child_run_id)``. A failed child is
 a result like any other: the plugin decides (raise to fail, or handle it).
@@ -15,9 +18,13 @@ lineage (never an in-process default), so every worker enforces the depth
 limit, the recursion rule and ancestor cancellation on runs it did not
 create (CL-01..CL-06).
 
-Child requests live in the attempt's context object, so they work with the
-thread and async executors; a plugin under the process executor cannot
-start children (its context is a copy in another process).
+Child requests live in the attempt's context object. Under the process
+executor the context is a copy in the plugin's process: the requests travel
+back to the worker with the attempt's outcome, and the worker commits them
+exactly as for the thread and async executors. Wait IDs starting with
+``child:`` are reserved: a wait under one that names no child requested by
+the attempt fails the task (``child_run_invalid``) instead of waiting for
+a child that does not exist.
 """
 
 from __future__ import annotations
@@ -33,7 +40,9 @@ from dagwerk.constants import FailurePolicy, RunStatus
 from dagwerk.errors import DagwerkError
 from dagwerk.graph import validate_graph
 from dagwerk.json import JsonValue, thaw_json
+from dagwerk.limits import Limits
 from dagwerk.lineage import (
+    CHILD_WAIT_PREFIX,
     LineageInvalidError,
     RunLineage,
     RunLink,
@@ -46,8 +55,9 @@ from dagwerk.lineage import (
     pipeline_identity,
 )
 from dagwerk.models import DagNode
-from dagwerk.orchestrator import cancel_run, start_run
+from dagwerk.orchestrator import cancel_run, reconcile_run
 from dagwerk.store import DagChildStore
+from dagwerk.topology import RunTopology
 
 if TYPE_CHECKING:
     from dagwerk.runtime.context import TaskContext
@@ -235,18 +245,27 @@ def settle_child_wait(
     worker: Worker, delivery: LeasedDelivery, ctx: TaskContext, wait_id: str
 ) -> bool:
     """Commit a wait for a child run; False when ``wait_id`` is not a child wait."""
+    if not wait_id.startswith(CHILD_WAIT_PREFIX):
+        return False
     request = next(
         (r for r in ctx.children.pending.values() if child_wait_id(r.child_run_id) == wait_id),
         None,
     )
-    if request is None:
-        return False
     store = _child_store(worker)
     try:
+        if request is None:
+            raise ChildRunError(
+                f"child_run_invalid: wait {wait_id!r} names no child run this attempt "
+                "started (wait IDs starting with 'child:' are reserved for child runs)",
+                field="wait_id",
+            )
         if store is None:
             raise ChildRunError("this store does not support child runs", field="store")
         link = _link_for(worker, delivery, request)
-    except DagwerkError as exc:
+        # The child is committed RUNNING with the wait, so its graph must be
+        # startable under the store's limits before anything is written.
+        RunTopology.build(list(request.pipeline.nodes), limits=_limits(worker))
+    except (DagwerkError, ValueError) as exc:
         worker._fail(delivery, exc)
         return True
     try:
@@ -267,12 +286,17 @@ def settle_child_wait(
         worker._ack(delivery, "stale", wait_id)
         return True
     try:
-        start_run(worker.store, request.child_run_id, callbacks=worker.callbacks)
+        reconcile_run(worker.store, request.child_run_id, callbacks=worker.callbacks)
     except Exception:
-        # The child stays PENDING; the parent waits until it is started or cancelled.
+        # The child is RUNNING: the backstop's next pass reconciles it.
         _LOG.exception("starting child run %s failed", request.child_run_id)
     worker._ack(delivery, "waited", wait_id)
     return True
+
+
+def _limits(worker: Worker) -> Limits:
+    found = getattr(worker.store, "limits", None)
+    return found if isinstance(found, Limits) else Limits()
 
 
 def _link_for(worker: Worker, delivery: LeasedDelivery, request: ChildRequest) -> RunLink:

@@ -12,7 +12,9 @@ can never replace it. A pre-aborted attempt never enters the plugin.
   and cancels the coroutine on abort (plain plugins run as in a thread).
 - :class:`ProcessExecutor` runs the plugin in a child process (spawn
   context) and terminates and joins it once the outcome is settled: the
-  only hard stop. Its plugins, inputs and results must be picklable.
+  only hard stop. Its plugins, inputs and results must be picklable. Child
+  runs requested with ``ctx.start_child`` travel back with the wait outcome
+  and are committed by the worker process.
 """
 
 from __future__ import annotations
@@ -31,6 +33,7 @@ from typing import Any, Protocol
 
 from dagwerk.json import thaw_json
 from dagwerk.models import EmittedOutput, ResolvedOutput, TaskInputs
+from dagwerk.runtime._threads import spawn
 from dagwerk.runtime.clock import Clock
 from dagwerk.runtime.context import TaskContext
 from dagwerk.runtime.errors import TaskCancelled, WaitRequested
@@ -220,7 +223,9 @@ class ThreadExecutor:
         def body() -> None:
             settlement.claim(_outcome_of_call(call, ctx.task_id))
 
-        threading.Thread(target=body, name=f"dagwerk-attempt-{ctx.task_id}", daemon=True).start()
+        # A pooled daemon thread: same semantics as a new one, without the
+        # start-up cost per attempt (see runtime/_threads.py).
+        spawn(body, name=f"dagwerk-attempt-{ctx.task_id}")
         return _await_settlement(settlement, signal, timeout, clock)
 
 
@@ -325,11 +330,21 @@ def _child_main(
     outcome = _outcome_of_call(call, ctx.task_id)
     outputs = [(o.id, thaw_json(o.fields), thaw_json(o.data)) for o in outcome.outputs]
     error: BaseException | None = outcome.error
+    # Child runs the plugin asked for travel back with a wait: the worker
+    # process commits them (see dagwerk.runtime.children).
+    children = dict(ctx.children.pending) if outcome.kind is OutcomeKind.WAIT else {}
     try:
-        conn.send((outcome.kind.value, outputs, error, outcome.wait_id))
-    except Exception:  # an unpicklable exception travels as its text
-        text = f"{type(error).__name__}: {error}"
-        conn.send((outcome.kind.value, outputs, RuntimeError(text), outcome.wait_id))
+        conn.send((outcome.kind.value, outputs, error, outcome.wait_id, children))
+    except Exception as exc:
+        if children:
+            text = (
+                "ChildRunError: child_run_invalid: the child run request cannot be sent "
+                f"to the worker process: {type(exc).__name__}: {exc}"
+            )
+            conn.send((OutcomeKind.ERROR.value, [], RuntimeError(text), None, {}))
+        else:  # an unpicklable exception travels as its text
+            text = f"{type(error).__name__}: {error}"
+            conn.send((outcome.kind.value, outputs, RuntimeError(text), outcome.wait_id, {}))
     finally:
         conn.close()
 
@@ -382,7 +397,7 @@ class ProcessExecutor:
 
         def reader() -> None:
             try:
-                kind, outputs, error, wait_id = parent_conn.recv()
+                kind, outputs, error, wait_id, children = parent_conn.recv()
             except (EOFError, OSError):
                 parent_conn.close()
                 settlement.claim(
@@ -393,6 +408,8 @@ class ProcessExecutor:
                 )
                 return
             parent_conn.close()
+            # Merged before the outcome is claimed, so the settle sees them.
+            ctx.children.pending.update(children)
             outcome = ExecutionOutcome(
                 OutcomeKind(kind),
                 outputs=tuple(EmittedOutput(id=i, fields=f, data=d) for i, f, d in outputs),

@@ -24,7 +24,7 @@ from dagwerk.runtime.retry_policy import RetryPolicy
 if TYPE_CHECKING:
     from dagwerk.runtime.context import TaskContext
 
-__all__ = ["PluginFn", "PluginRegistry", "PluginSpec", "normalize_outputs"]
+__all__ = ["CostEstimateFn", "PluginFn", "PluginRegistry", "PluginSpec", "normalize_outputs"]
 
 PluginFn = Callable[[TaskInputs, "TaskContext"], "object | Awaitable[object]"]
 CostEstimateFn = Callable[[TaskInputs], float | int]

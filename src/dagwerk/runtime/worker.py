@@ -44,11 +44,12 @@ from dagwerk.lineage import DEFAULT_MAX_CHILD_DEPTH
 from dagwerk.models import DagNode
 from dagwerk.orchestrator import (
     OrchestratorCallbacks,
-    on_task_complete,
+    complete_attempt,
     on_task_crashed,
     on_task_failed,
     settle_crashed_task,
 )
+from dagwerk.runtime._threads import spawn
 from dagwerk.runtime.actor import AdvancementActor
 from dagwerk.runtime.backstop import DEFAULT_BACKSTOP_INTERVAL, Backstop
 from dagwerk.runtime.budget_guard import ByteLimits, CostEstimate, admit_task, check_output_limit
@@ -393,11 +394,10 @@ class Worker:
 
     def _execute(self, delivery: LeasedDelivery) -> None:
         task = self.store.get_task(delivery.task_id)
-        nodes = self.store.get_run_nodes(delivery.run_id)
-        if task is None or nodes is None:
+        node = self._node(delivery)
+        if task is None or node is None:
             self._ack(delivery, "stale")
             return
-        node = nodes[delivery.node_index]
         attempt = task.attempt_number
         if not guard_lineage(self, delivery):
             return
@@ -407,7 +407,7 @@ class Worker:
         except DagwerkError as exc:
             self._fail(delivery, exc)
             return
-        estimate = self.cost_estimates.get(node.plugin, spec.cost)
+        estimate = self.cost_estimate_of(node, spec)
         if not admit_task(self, delivery, node.plugin, estimate, inputs):
             return
         policy = self.retry_policy(node, spec)
@@ -433,10 +433,10 @@ class Worker:
             ctx = self._context(
                 delivery, node, task.resumed_from_wait_id, attempt=attempt, entry=entry, bound=bound
             )
-            watcher = threading.Thread(
-                target=self._watch, args=(delivery, entry, bound), daemon=True
+            watcher = spawn(
+                lambda: self._watch(delivery, entry, bound),
+                name=f"dagwerk-watch-{delivery.task_id}",
             )
-            watcher.start()
             notify(self.observers, "task_started", delivery, node)
             try:
                 outcome = self.executor.execute(
@@ -450,6 +450,16 @@ class Worker:
             with self._running_lock:
                 self._running.pop(delivery.delivery_id, None)
 
+    def _node(self, delivery: LeasedDelivery) -> DagNode | None:
+        # A RunTopologyStore hands out one cached definition instead of
+        # copying every node of the run per delivery.
+        one = getattr(self.store, "get_run_node", None)
+        if one is not None:
+            found: DagNode | None = one(delivery.run_id, delivery.node_index)
+            return found
+        nodes = self.store.get_run_nodes(delivery.run_id)
+        return None if nodes is None else nodes[delivery.node_index]
+
     # --- per-node settings -------------------------------------------------------------
 
     @staticmethod
@@ -462,6 +472,13 @@ class Worker:
         if node.timeout_seconds is not None:
             return node.timeout_seconds
         return spec.timeout_seconds or self.default_timeout
+
+    def cost_estimate_of(self, node: DagNode, spec: PluginSpec) -> CostEstimate | None:
+        """The node's ``cost_estimate``, else the worker's estimate for the
+        plugin, else the plugin's registered ``cost``."""
+        if node.cost_estimate is not None:
+            return node.cost_estimate
+        return self.cost_estimates.get(node.plugin, spec.cost)
 
     def lease_bound(self, timeout: float | None) -> float:
         """Ownership bound = max(task timeout, lease setting) + grace (WK-03)."""
@@ -559,7 +576,9 @@ class Worker:
             if not check_output_limit(self, delivery, outcome.outputs):
                 return
             try:
-                on_task_complete(
+                # The store's completion record says whether this attempt won
+                # (an exact repeat returns the first record), so no read follows.
+                won = complete_attempt(
                     self.store,
                     task_id=delivery.task_id,
                     expected_attempt_id=delivery.attempt_id,
@@ -570,13 +589,7 @@ class Worker:
                 # The completion wrote nothing; the task fails without retry.
                 self._fail(delivery, exc)
                 return
-            task = self.store.get_task(delivery.task_id)
-            won = (
-                task is not None
-                and task.attempt_id == delivery.attempt_id
-                and task.status is TaskStatus.COMPLETED
-            )
-            self._ack(delivery, "completed" if won else "discarded")
+            self._ack(delivery, "completed" if won is not None else "discarded")
             return
         if outcome.kind is OutcomeKind.WAIT:
             assert outcome.wait_id is not None

@@ -7,19 +7,28 @@ settled by the commit that ends the attempt.
 from __future__ import annotations
 
 import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from dagwerk.budgets import AdmissionStatus, Budget, BudgetExhaustedError, cost_to_units
+from dagwerk.budgets import (
+    AdmissionStatus,
+    Budget,
+    BudgetExhaustedError,
+    cost_to_units,
+    output_bytes,
+)
 from dagwerk.constants import RunStatus, TaskStatus
 from dagwerk.execution import recover_task
 from dagwerk.lineage import RunLink, child_lineage, encode_lineage
-from dagwerk.models import TaskInputs
+from dagwerk.models import DagNode, TaskInputs
 from dagwerk.orchestrator import cancel_run, start_run
 from dagwerk.runtime.budget_guard import ByteLimits
 from dagwerk.runtime.context import TaskContext
+from dagwerk.runtime.plugins import PluginRegistry
 from dagwerk.runtime.worker import Worker
 from dagwerk.store import DagBudgetStore, DagChildStore, InvalidStoreValueError
 from dagwerk.testing.helpers import (
@@ -54,7 +63,9 @@ def _admit(store: ContractStore, record: Any, units: int | None, size: int = 0) 
     )
 
 
-def _worker(store: ContractStore, tmp_path: Path, plugins: dict[str, Any], **kw: Any) -> Worker:
+def _worker(
+    store: ContractStore, tmp_path: Path, plugins: dict[str, Any] | PluginRegistry, **kw: Any
+) -> Worker:
     return Worker(store, plugins, execution_root=tmp_path, **kw)
 
 
@@ -255,3 +266,117 @@ def test_bg_01_worker_byte_limits_are_fixed_at_construction(
     record = only_task(store, "run-1", 0)
     assert record.status is TaskStatus.FAILED
     assert "budget_exhausted" in (record.error or "")
+
+
+# --- per-node cost estimates -------------------------------------------------------------
+
+
+def test_bg_05_node_cost_estimate_wins_over_the_plugins(
+    store: ContractStore, tmp_path: Path
+) -> None:
+    """A node's ``cost_estimate`` is reserved and charged instead of the
+    plugin's registered ``cost``; a node without one uses the plugin's."""
+    nodes = [DagNode(slug="cheap", plugin="a", cost_estimate=0.25), root("plain", plugin="a")]
+    _budgeted(store, nodes, Budget(max_cost=1))
+    registry = PluginRegistry()
+    registry.register("a", lambda i, c: {"ok": True}, cost=0.5)
+    _worker(store, tmp_path, registry).run_until_idle()
+    assert store.get_run_status("run-1") is RunStatus.COMPLETED
+    usage = _usage(store)
+    assert usage.charged_units == cost_to_units(0.25) + cost_to_units(0.5)
+    assert usage.reserved_units == 0
+
+
+def test_bg_05_node_cost_estimate_suffices_without_a_plugin_estimate(
+    store: ContractStore, tmp_path: Path
+) -> None:
+    _budgeted(store, [DagNode(slug="a", plugin="a", cost_estimate=0.6)], Budget(max_cost=1))
+    calls: list[str] = []
+    _worker(store, tmp_path, {"a": lambda i, c: calls.append("ran")}).run_until_idle()
+    assert calls == ["ran"]
+    assert _usage(store).charged_units == cost_to_units(0.6)
+
+
+# --- BG-04: a persistence exception never under-counts ----------------------------------
+
+
+class _PersistenceFailed(RuntimeError):
+    pass
+
+
+@contextmanager
+def _failing_statement(store: ContractStore, statement: str) -> Iterator[None]:
+    """Make the SQL store's write transactions raise at ``statement``, after
+    every earlier statement of the transaction (the charges) has run."""
+    gateway: Any = getattr(store, "_gw", None)
+    if gateway is None:
+        pytest.skip("the in-memory store has no transactions to interrupt")
+    original = gateway.write
+
+    class _Tx:
+        def __init__(self, tx: Any) -> None:
+            self._tx = tx
+
+        def run(self, name: str, params: Any = None) -> int:
+            if name == statement:
+                raise _PersistenceFailed(f"{name} could not be written")
+            result: int = self._tx.run(name, params)
+            return result
+
+        def __getattr__(self, name: str) -> Any:
+            return getattr(self._tx, name)
+
+    @contextmanager
+    def write() -> Iterator[Any]:
+        with original() as tx:
+            yield _Tx(tx)
+
+    gateway.write = write
+    try:
+        yield
+    finally:
+        gateway.write = original
+
+
+def test_bg_04_persistence_exception_in_admission_consumes_nothing(
+    store: ContractStore,
+) -> None:
+    """The input charge and the hold are one transaction with the admission's
+    own record: a write that fails after the charge rolls the charge back
+    with it, so usage always equals what was persisted."""
+    _budgeted(store, [root("a")], Budget(max_cost=1, max_input_bytes=100))
+    record = only_task(store, "run-1", 0)
+    claim(store, record)
+    with _failing_statement(store, "budget_hold_insert"), pytest.raises(_PersistenceFailed):
+        _admit(store, record, cost_to_units(0.4), size=30)
+    usage = _usage(store)
+    assert (usage.used_input_bytes, usage.reserved_units) == (0, 0)
+    # Nothing is left half-done: the same admission succeeds once, in full.
+    assert _admit(store, record, cost_to_units(0.4), size=30).status is AdmissionStatus.ADMITTED
+    usage = _usage(store)
+    assert (usage.used_input_bytes, usage.reserved_units) == (30, cost_to_units(0.4))
+
+
+def test_bg_04_persistence_exception_in_completion_keeps_the_reservation(
+    store: ContractStore,
+) -> None:
+    """A completion whose write fails after the output charge commits nothing:
+    no outputs, no output bytes, no cost charge, and the hold stays reserved
+    for the still-RUNNING attempt (never under-counted). A later completion
+    of the same attempt charges exactly once."""
+    _budgeted(store, [root("a")], Budget(max_cost=1, max_output_bytes=1_000))
+    record = only_task(store, "run-1", 0)
+    claim(store, record)
+    assert _admit(store, record, cost_to_units(0.4)).status is AdmissionStatus.ADMITTED
+    outputs = emit("o1", v=1)
+    with _failing_statement(store, "task_complete"), pytest.raises(_PersistenceFailed):
+        store.try_complete_task(record.task_id, outputs, expected_attempt_id=record.attempt_id)
+    usage = _usage(store)
+    assert (usage.used_output_bytes, usage.charged_units) == (0, 0)
+    assert usage.reserved_units == cost_to_units(0.4)
+    assert task(store, record.task_id).status is TaskStatus.RUNNING
+    assert store.get_output_ids("run-1", 0) == ()
+    assert store.try_complete_task(record.task_id, outputs, expected_attempt_id=record.attempt_id)
+    usage = _usage(store)
+    assert usage.used_output_bytes == output_bytes(outputs)
+    assert (usage.charged_units, usage.reserved_units) == (cost_to_units(0.4), 0)

@@ -11,6 +11,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 from dagwerk.constants import RunStatus, TaskStatus
 from dagwerk.lineage import (
     Ancestor,
@@ -23,6 +25,8 @@ from dagwerk.lineage import (
 )
 from dagwerk.models import TaskInputs
 from dagwerk.orchestrator import cancel_run, on_task_complete, start_run
+from dagwerk.runtime import children as children_module
+from dagwerk.runtime.backstop import Backstop
 from dagwerk.runtime.children import ChildPipeline
 from dagwerk.runtime.context import TaskContext
 from dagwerk.runtime.worker import Worker
@@ -118,7 +122,8 @@ def test_cl_child_finalisation_resumes_parent_in_the_same_commit(store: Contract
         link=link,
     )
     assert waited is not None and waited.wait_id == "child:kid"
-    assert store.get_run_status("kid") is RunStatus.PENDING
+    # RUNNING in the wait's own commit: nothing can strand it PENDING.
+    assert store.get_run_status("kid") is RunStatus.RUNNING
     assert store.get_run_link("kid") == link
     assert store.list_child_runs("parent") == ["kid"]
     log = CallbackLog()
@@ -355,3 +360,65 @@ def test_cl_cancelling_a_run_cancels_all_descendants(store: ContractStore) -> No
     assert only_task(store, "r2", 0).status is TaskStatus.CANCELLED
     record = store.get_run("r2")
     assert record is not None and "r1" in (record.error or "")
+
+
+# --- a worker that dies between the wait's commit and starting the child ---------------
+
+
+class _WorkerDied(BaseException):
+    """Stands for the process dying: nothing in the worker catches it."""
+
+
+def test_cl_child_is_not_stranded_when_the_worker_dies_before_starting_it(
+    store: ContractStore, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The wait commits the child RUNNING; the worker then dies before it
+    launches the child's roots. A later worker's backstop pass reconciles the
+    child, which runs and resumes the parent: no child stays PENDING under a
+    waiting parent."""
+    seen: list[Any] = []
+    new_run(store, [root("p")], "parent")
+    plugins = {"p": _parent_plugin(seen), "leaf": _leaf}
+
+    def die(*args: Any, **kwargs: Any) -> None:
+        raise _WorkerDied
+
+    monkeypatch.setattr(children_module, "reconcile_run", die)
+    doomed = _worker(store, tmp_path, plugins, backstop_interval=None)
+    with pytest.raises(_WorkerDied):
+        doomed.process_once()
+    monkeypatch.undo()
+    assert isinstance(store, DagChildStore)
+    (kid,) = store.list_child_runs("parent")
+    parent_task = only_task(store, "parent", 0)
+    assert parent_task.status is TaskStatus.WAITING
+    assert store.get_run_status(kid) is RunStatus.RUNNING
+    assert store.list_tasks(kid) == []  # its roots were never launched
+    # A new worker: its backstop pass reconciles the RUNNING child.
+    fresh = _worker(store, tmp_path, plugins, backstop_interval=None)
+    report = Backstop(store, holder="fresh").run_pass()
+    assert report.ran and report.errors == ()
+    fresh.run_until_idle()
+    assert store.get_run_status(kid) is RunStatus.COMPLETED
+    # The parent's own delivery is still leased by the dead worker; its
+    # resumed attempt was queued by the child's completion.
+    fresh.run_until_idle()
+    assert store.get_run_status("parent") is RunStatus.COMPLETED
+    assert len(seen) == 1 and seen[0].ok
+
+
+def test_cl_reserved_child_wait_without_a_child_fails_the_task(
+    store: ContractStore, tmp_path: Path
+) -> None:
+    """``child:`` wait IDs are reserved: waiting under one that names no child
+    of the attempt fails the task instead of waiting forever."""
+    new_run(store, [root("p")], "parent")
+
+    def bogus(inputs: TaskInputs, ctx: TaskContext) -> None:
+        ctx.wait("child:nobody")
+
+    _worker(store, tmp_path, {"p": bogus}).run_until_idle()
+    task = only_task(store, "parent", 0)
+    assert task.status is TaskStatus.FAILED
+    assert "child_run_invalid" in (task.error or "")
+    assert store.get_run_status("parent") is RunStatus.FAILED

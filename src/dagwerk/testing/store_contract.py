@@ -26,6 +26,7 @@ from dagwerk.testing.contract_backstop import *  # noqa: F403
 from dagwerk.testing.contract_budgets import *  # noqa: F403
 from dagwerk.testing.contract_children import *  # noqa: F403
 from dagwerk.testing.contract_claims import *  # noqa: F403
+from dagwerk.testing.contract_fastpath import *  # noqa: F403
 from dagwerk.testing.contract_fencing import *  # noqa: F403
 from dagwerk.testing.contract_finalisation import *  # noqa: F403
 from dagwerk.testing.contract_orchestration import *  # noqa: F403

@@ -104,6 +104,9 @@ class ChildrenMixin(BudgetsMixin):
             self._create_child(
                 link.run_id, nodes, link, run_input, failure_policy, budget, accounts
             )
+            # RUNNING in the same commit as the wait, so a crash before the
+            # roots are launched is repaired by the backstop's reconcile.
+            self._runs[link.run_id].status = RunStatus.RUNNING
             waited: TaskWaitResult | None = self.try_wait_task(  # type: ignore[attr-defined]
                 task_id,
                 link.wait_id,

@@ -24,8 +24,6 @@ class GatedMixin(MemoryStoreBase):
         # lease name -> (holder, expires_at)
         self._leases: dict[str, tuple[str, float]] = {}
         self._stalls: dict[str, StallRecord] = {}
-        # (task_id, wait_id) -> store time the wait was first observed
-        self._wait_seen: dict[tuple[str, str], float] = {}
 
     def try_acquire_lease(self, name: str, holder: str, seconds: float) -> bool:
         _check_name(name, "name")
@@ -71,13 +69,13 @@ class GatedMixin(MemoryStoreBase):
                 repaired.append(task_id)
             return repaired
 
-    def observe_waits(self, run_id: str) -> Mapping[str, float]:
+    def wait_ages(self, run_id: str) -> Mapping[str, float]:
         with self._lock:
             run = self._runs.get(run_id)
             if run is None or run.status is not RunStatus.RUNNING:
                 return {}
             now = float(self._clock())
-            seen: dict[str, float] = {}
+            ages: dict[str, float] = {}
             for task_id in run.task_ids:
                 task = self._tasks[task_id]
                 if (
@@ -86,9 +84,9 @@ class GatedMixin(MemoryStoreBase):
                     or self._owned(task) is not run
                 ):
                     continue
-                key = (task_id, task.active_wait_id)
-                seen[task_id] = max(0.0, now - self._wait_seen.setdefault(key, now))
-            return seen
+                wait = self._waits[(task_id, task.active_wait_id)]
+                ages[task_id] = max(0.0, now - wait.waited_at)
+            return ages
 
     def try_record_stall(self, run_id: str, reason: str, held_nodes: tuple[int, ...]) -> bool:
         _check_name(run_id, "run_id")

@@ -24,6 +24,7 @@ from dagwerk.store import (
     RunReopenResult,
     TaskAttemptRef,
 )
+from dagwerk.topology import RunTopology
 from dagwerk.transitions import check_run_transition
 
 from ._base import MemoryStoreBase
@@ -85,6 +86,23 @@ class RunsMixin(MemoryStoreBase):
         with self._lock:
             run = self._runs.get(run_id)
             return None if run is None else [node.model_copy() for node in run.nodes]
+
+    def get_run_topology(self, run_id: str) -> RunTopology | None:
+        with self._lock:
+            run = self._runs.get(run_id)
+            return None if run is None else self._topology(run)
+
+    def get_run_node(self, run_id: str, node_index: int) -> DagNode | None:
+        with self._lock:
+            run = self._runs.get(run_id)
+            if run is None or type(node_index) is not int or not 0 <= node_index < len(run.nodes):
+                return None
+            return run.nodes[node_index].model_copy()
+
+    def get_run_failure_policy(self, run_id: str) -> FailurePolicy | None:
+        with self._lock:
+            run = self._runs.get(run_id)
+            return None if run is None else run.failure_policy
 
     def get_run(self, run_id: str) -> RunRecord | None:
         with self._lock:

@@ -110,6 +110,8 @@ class WaitRecord:
     result: TaskWaitResult
     resume: TaskResumeResult | None = None
     response: JsonValue | None = None
+    # Store time at which the wait began (committed with the WAITING status).
+    waited_at: float = 0.0
 
 
 @dataclass(slots=True)

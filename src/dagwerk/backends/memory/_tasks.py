@@ -400,6 +400,7 @@ class TasksMixin(MemoryStoreBase):
                 generation=expected_generation,
                 state=WaitState.ACTIVE,
                 result=result,
+                waited_at=float(self._clock()),
             )
             return result
 

@@ -16,6 +16,14 @@
 -- only; read transactions are REPEATABLE READ snapshots and take no locks.
 -- The queue takes row locks instead: dequeue skips rows other workers hold
 -- (FOR UPDATE SKIP LOCKED), so workers never wait on each other there.
+--
+-- Lineages. A child run's transactions reach its parent (a finished child
+-- resumes the waiting parent task) and a parent's reach its children (a
+-- stop cancels them), so two run rows of one lineage are locked in both
+-- orders. Every run-row prelude therefore first locks the *root* run named
+-- by the run's dagwerk_run_links row (nothing for a root run): all writers
+-- of one lineage serialise on its root before they lock any other run row
+-- or budget account of the lineage, and no lock cycle can form.
 
 -- name: run_insert
 INSERT INTO dagwerk_runs
@@ -28,10 +36,16 @@ ON CONFLICT (run_id) DO NOTHING;
 INSERT INTO dagwerk_nodes (run_id, node_index) VALUES (:run_id, :node_index);
 
 -- name: run_status
+SELECT 1 FROM dagwerk_runs WHERE run_id = (
+    SELECT root_run_id FROM dagwerk_run_links WHERE run_id = :run_id
+) FOR NO KEY UPDATE;
 SELECT 1 FROM dagwerk_runs WHERE run_id = :run_id FOR NO KEY UPDATE;
 SELECT status FROM dagwerk_runs WHERE run_id = :run_id;
 
 -- name: run_get
+SELECT 1 FROM dagwerk_runs WHERE run_id = (
+    SELECT root_run_id FROM dagwerk_run_links WHERE run_id = :run_id
+) FOR NO KEY UPDATE;
 SELECT 1 FROM dagwerk_runs WHERE run_id = :run_id FOR NO KEY UPDATE;
 SELECT * FROM dagwerk_runs WHERE run_id = :run_id;
 
@@ -148,6 +162,9 @@ INSERT INTO dagwerk_tasks
 VALUES (:task_id, :run_id, :node_index, :generation, :launch_id, :status, :attempt_id, :plan);
 
 -- name: task_get_owned
+SELECT 1 FROM dagwerk_runs WHERE run_id = (
+    SELECT root_run_id FROM dagwerk_run_links WHERE run_id = (SELECT run_id FROM dagwerk_tasks WHERE task_id = :task_id)
+) FOR NO KEY UPDATE;
 SELECT 1 FROM dagwerk_runs
 WHERE run_id = (SELECT run_id FROM dagwerk_tasks WHERE task_id = :task_id) FOR NO KEY UPDATE;
 SELECT t.*, r.status AS run_status,
@@ -292,6 +309,9 @@ UPDATE dagwerk_outputs SET invalidated = 1
 WHERE run_id = :run_id AND node_index = :node_index AND invalidated = 0;
 
 -- name: wait_get
+SELECT 1 FROM dagwerk_runs WHERE run_id = (
+    SELECT root_run_id FROM dagwerk_run_links WHERE run_id = (SELECT run_id FROM dagwerk_tasks WHERE task_id = :task_id)
+) FOR NO KEY UPDATE;
 SELECT 1 FROM dagwerk_runs
 WHERE run_id = (SELECT run_id FROM dagwerk_tasks WHERE task_id = :task_id) FOR NO KEY UPDATE;
 SELECT w.*, t.run_id, t.node_index FROM dagwerk_waits w
@@ -311,6 +331,9 @@ WHERE task_id = :task_id AND wait_id = :wait_id AND state = 'active';
 SELECT response FROM dagwerk_waits WHERE task_id = :task_id AND wait_id = :wait_id;
 
 -- name: recovery_get
+SELECT 1 FROM dagwerk_runs WHERE run_id = (
+    SELECT root_run_id FROM dagwerk_run_links WHERE run_id = (SELECT run_id FROM dagwerk_tasks WHERE task_id = :task_id)
+) FOR NO KEY UPDATE;
 SELECT 1 FROM dagwerk_runs
 WHERE run_id = (SELECT run_id FROM dagwerk_tasks WHERE task_id = :task_id) FOR NO KEY UPDATE;
 SELECT r.*, t.run_id, t.node_index FROM dagwerk_recoveries r
@@ -380,6 +403,11 @@ SELECT :dead_letter_id, delivery_id, task_id, attempt_id, generation, run_id, no
 FROM dagwerk_deliveries WHERE delivery_id = :delivery_id;
 
 -- name: dead_letter_get
+SELECT 1 FROM dagwerk_runs WHERE run_id = (
+    SELECT root_run_id FROM dagwerk_run_links WHERE run_id = (
+        SELECT run_id FROM dagwerk_dead_letters WHERE dead_letter_id = :dead_letter_id
+    )
+) FOR NO KEY UPDATE;
 SELECT 1 FROM dagwerk_runs
 WHERE run_id = (SELECT run_id FROM dagwerk_dead_letters WHERE dead_letter_id = :dead_letter_id)
 FOR NO KEY UPDATE;
@@ -419,6 +447,9 @@ ON CONFLICT (name) DO UPDATE SET holder = excluded.holder, expires_at = excluded
 WHERE dagwerk_leases.holder = excluded.holder OR dagwerk_leases.expires_at <= :now;
 
 -- name: gated_run_lock
+SELECT 1 FROM dagwerk_runs WHERE run_id = (
+    SELECT root_run_id FROM dagwerk_run_links WHERE run_id = :run_id
+) FOR NO KEY UPDATE;
 SELECT status FROM dagwerk_runs WHERE run_id = :run_id FOR NO KEY UPDATE;
 
 -- name: gated_lease_release

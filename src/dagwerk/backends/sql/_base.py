@@ -18,7 +18,7 @@ import uuid
 from collections.abc import Callable
 from typing import Any
 
-from dagwerk.constants import RunStatus, TaskStatus
+from dagwerk.constants import FailurePolicy, RunStatus, TaskStatus
 from dagwerk.json import FrozenDict, JsonValue, freeze_json, freeze_object, thaw_json
 from dagwerk.limits import DEFAULT_LIMITS, Limits
 from dagwerk.models import DagNode, EmittedOutput
@@ -76,6 +76,7 @@ class SqlStoreBase:
         # per run for the store's lifetime (runs are never deleted).
         self._nodes_cache: dict[str, tuple[DagNode, ...]] = {}
         self._topologies: dict[str, RunTopology] = {}
+        self._policies: dict[str, FailurePolicy] = {}
         # Tasks this process's dequeues crashed by dead-lettering (drained by
         # take_dead_lettered); appended only after the commit.
         self._dead_lettered: list[TaskAttemptRef] = []

@@ -162,6 +162,10 @@ class ChildrenMixin(BudgetsMixin):
             accounts = self._plan_accounts(tx, link.run_id, link.parent_run_id, budget)
             self._insert_child(tx, link, prepared)
             self._open_accounts(tx, link.run_id, accounts, budget)
+            # The child is RUNNING from this commit on: a worker that dies
+            # before launching its roots leaves a RUNNING run, which every
+            # backstop pass reconciles, never a PENDING child nobody starts.
+            tx.run("run_set_status", {"run_id": link.run_id, "old": "pending", "new": "running"})
             self._set_status(tx, task, TaskStatus.WAITING)
             tx.run("task_set_active_wait", {"task_id": task_id, "wait_id": link.wait_id})
             tx.run(

@@ -18,6 +18,10 @@ def _check_name(value: object, name: str) -> str:
 
 
 class GatedMixin(SqlStoreBase):
+    # TEMPORARY: False until schema version 6 (dagwerk_waits.waited_at) lands;
+    # until then wait ages count from the first observation (version 4).
+    persists_wait_start = False
+
     def try_acquire_lease(self, name: str, holder: str, seconds: float) -> bool:
         _check_name(name, "name")
         _check_name(holder, "holder")
@@ -50,7 +54,8 @@ class GatedMixin(SqlStoreBase):
                 repaired.append(task["task_id"])
             return repaired
 
-    def observe_waits(self, run_id: str) -> Mapping[str, float]:
+    def wait_ages(self, run_id: str) -> Mapping[str, float]:
+        # TEMPORARY (until migration 0006): ages from the first observation.
         if not isinstance(run_id, str):
             return {}
         with self._gw.write() as tx:

@@ -25,6 +25,7 @@ from dagwerk.store import (
     RunReopenResult,
     TaskAttemptRef,
 )
+from dagwerk.topology import RunTopology
 from dagwerk.transitions import check_run_transition, check_task_transition
 
 from ._base import UNFINISHED, SqlStoreBase, dumps
@@ -102,6 +103,38 @@ class RunsMixin(SqlStoreBase):
             if row is None:
                 return None
             return [node.model_copy() for node in self._nodes(row)]
+
+    def get_run_topology(self, run_id: str) -> RunTopology | None:
+        # Runs are never deleted and their nodes never change, so a cached
+        # topology needs no read at all.
+        topology = self._topologies.get(run_id)
+        if topology is not None:
+            return topology
+        with self._gw.read() as tx:
+            row = tx.one("run_get", {"run_id": run_id})
+            return None if row is None else self._topology(row)
+
+    def get_run_node(self, run_id: str, node_index: int) -> DagNode | None:
+        nodes = self._nodes_cache.get(run_id)
+        if nodes is None:
+            with self._gw.read() as tx:
+                row = tx.one("run_get", {"run_id": run_id})
+                if row is None:
+                    return None
+                nodes = self._nodes(row)
+        if type(node_index) is not int or not 0 <= node_index < len(nodes):
+            return None
+        return nodes[node_index].model_copy()
+
+    def get_run_failure_policy(self, run_id: str) -> FailurePolicy | None:
+        # Written once by create_run and never updated, so it is cached.
+        policy = self._policies.get(run_id)
+        if policy is None:
+            record = self.get_run(run_id)
+            if record is None:
+                return None
+            policy = self._policies[run_id] = FailurePolicy(record.failure_policy)
+        return policy
 
     def get_run(self, run_id: str) -> RunRecord | None:
         with self._gw.read() as tx:

@@ -8,7 +8,7 @@ import json
 from dagwerk.constants import TaskStatus
 from dagwerk.errors import PlanningError
 from dagwerk.json import bounded_json_size
-from dagwerk.models import EmittedOutput, TaskInputPlan
+from dagwerk.models import EmittedOutput
 from dagwerk.planning import correlation_id_for_output
 from dagwerk.store import (
     AttemptRecord,
@@ -27,6 +27,7 @@ from dagwerk.store import (
 from dagwerk.transitions import check_task_transition
 
 from ._base import SqlStoreBase, dumps
+from ._plans import parse_plan
 from .gateway import Row, Tx
 
 
@@ -39,7 +40,7 @@ def task_record(row: Row) -> TaskRecord:
         launch_id=row["launch_id"],
         status=TaskStatus(row["status"]),
         attempt_id=row["attempt_id"],
-        plan=TaskInputPlan.model_validate_json(row["plan"]),
+        plan=parse_plan(row["plan"]),
         error=row["error"],
         resumed_from_wait_id=row["resumed_from_wait_id"],
         active_wait_id=row["active_wait_id"],
@@ -245,7 +246,7 @@ class TasksMixin(SqlStoreBase):
         topology = self._topology(run)
         node = topology.nodes[task["node_index"]]
         is_root = not topology.dependencies[task["node_index"]]
-        plan_correlation = TaskInputPlan.model_validate_json(task["plan"]).correlation_id
+        plan_correlation = parse_plan(task["plan"]).correlation_id
         limit = self.limits.max_task_completion_routing_bytes
         total = 0
         prepared: list[dict[str, object]] = []

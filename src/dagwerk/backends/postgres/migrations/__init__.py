@@ -58,7 +58,10 @@ def migrate(gateway: PostgresGateway, schema: str, *, target: int = LATEST_VERSI
         # The advisory lock comes first, so the schema is created and checked
         # by one process at a time.
         tx.one("schema_version_table", {"schema": schema})
-        gateway.script(tx, f'CREATE SCHEMA IF NOT EXISTS "{schema}"')
+        # An identifier cannot be a parameter; doubling its quotes keeps a
+        # current_schema() such as 'a"b' one identifier.
+        quoted = '"' + schema.replace('"', '""') + '"'
+        gateway.script(tx, f"CREATE SCHEMA IF NOT EXISTS {quoted}")
         current = _version(tx, schema)
         if current is None:
             half = tx.one("schema_foreign_tables")
