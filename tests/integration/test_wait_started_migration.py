@@ -1,7 +1,7 @@
-"""Migration 0006: a wait records when it began (``dagwerk_waits.waited_at``).
+"""Migration 0005: a wait records when it began (``dagwerk_waits.waited_at``).
 
 Version 4 timed a wait from the first backstop pass that saw it
-(``dagwerk_wait_seen``); version 6 folds those observations into the wait
+(``dagwerk_wait_seen``); version 5 folds those observations into the wait
 records, times the waits nobody saw from the upgrade, and drops the table.
 """
 
@@ -23,14 +23,14 @@ from dagwerk.backends.sqlite.migrations import migrate as sqlite_migrate
 WAIT_COLUMNS = "(task_id, wait_id, attempt_id, generation, state)"
 
 pytestmark = pytest.mark.skipif(
-    LATEST_VERSION < 6, reason="schema version 6 (waited_at) is not installed yet"
+    LATEST_VERSION < 5, reason="schema version 5 (waited_at) is not installed yet"
 )
 
 
 def test_sqlite_upgrade_keeps_observed_wait_starts_and_drops_wait_seen(tmp_path: Path) -> None:
-    path = tmp_path / "v5.db"
+    path = tmp_path / "v4.db"
     gateway = SqliteGateway(str(path))
-    sqlite_migrate(gateway, target=5)
+    sqlite_migrate(gateway, target=4)
     gateway.close()
     conn = sqlite3.connect(path)
     conn.execute(f"INSERT INTO dagwerk_waits {WAIT_COLUMNS} VALUES ('t1', 'w', 'a1', 0, 'active')")
@@ -73,7 +73,7 @@ def test_postgres_upgrade_keeps_observed_wait_starts_and_drops_wait_seen(
         conn.execute(f'CREATE SCHEMA "{pg_schema}"')
         conn.execute(f'SET search_path = "{pg_schema}"')
         for version, migration in MIGRATIONS:
-            if version <= 5:
+            if version <= 4:
                 conn.execute(migration.read_text(encoding="utf-8").encode())
                 conn.execute("INSERT INTO dagwerk_schema_version (version) VALUES (%s)", (version,))
         # The rows stand alone: foreign keys are not what this test is about.

@@ -141,7 +141,7 @@ def test_gd_c06_wait_ages_count_from_when_the_wait_began(
     ``try_wait_task`` committed with it, not from when anything first looked."""
     store = _store(qstore)
     if not getattr(store, "persists_wait_start", True):
-        pytest.skip("this backend's schema does not record wait starts yet (version 6)")
+        pytest.skip("this backend's schema does not record wait starts yet (version 5)")
     new_run(store, [root("a")])
     assert store.wait_ages("run-1") == {}
     row = _lease_one(store)

@@ -171,6 +171,8 @@ class ChildrenMixin(BudgetsMixin):
             tx.run(
                 "wait_insert",
                 {
+                    # The wait's start, committed with it (the wait timeout's origin).
+                    "waited_at": self._now(),
                     "task_id": task_id,
                     "wait_id": link.wait_id,
                     "attempt_id": expected_attempt_id,

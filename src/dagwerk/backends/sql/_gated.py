@@ -18,9 +18,8 @@ def _check_name(value: object, name: str) -> str:
 
 
 class GatedMixin(SqlStoreBase):
-    # TEMPORARY: False until schema version 6 (dagwerk_waits.waited_at) lands;
-    # until then wait ages count from the first observation (version 4).
-    persists_wait_start = False
+    # Wait ages count from dagwerk_waits.waited_at (schema version 5).
+    persists_wait_start = True
 
     def try_acquire_lease(self, name: str, holder: str, seconds: float) -> bool:
         _check_name(name, "name")
@@ -55,17 +54,12 @@ class GatedMixin(SqlStoreBase):
             return repaired
 
     def wait_ages(self, run_id: str) -> Mapping[str, float]:
-        # TEMPORARY (until migration 0006): ages from the first observation.
         if not isinstance(run_id, str):
             return {}
-        with self._gw.write() as tx:
-            run = tx.one("gated_run_lock", {"run_id": run_id})
-            if run is None or run["status"] != "running":
-                return {}
+        with self._gw.read() as tx:
             now = self._now()
-            tx.run("gated_waits_observe", {"run_id": run_id, "now": now})
-            rows = tx.all("gated_waits_seen", {"run_id": run_id})
-            return {row["task_id"]: max(0.0, now - float(row["first_seen_at"])) for row in rows}
+            rows = tx.all("gated_wait_ages", {"run_id": run_id})
+            return {row["task_id"]: max(0.0, now - float(row["waited_at"])) for row in rows}
 
     def try_record_stall(self, run_id: str, reason: str, held_nodes: tuple[int, ...]) -> bool:
         _check_name(run_id, "run_id")

@@ -268,8 +268,8 @@ JOIN dagwerk_tasks t ON t.task_id = w.task_id
 WHERE w.task_id = :task_id AND w.wait_id = :wait_id;
 
 -- name: wait_insert
-INSERT INTO dagwerk_waits (task_id, wait_id, attempt_id, generation, state)
-VALUES (:task_id, :wait_id, :attempt_id, :generation, 'active');
+INSERT INTO dagwerk_waits (task_id, wait_id, attempt_id, generation, state, waited_at)
+VALUES (:task_id, :wait_id, :attempt_id, :generation, 'active', :waited_at);
 
 -- name: wait_resolve
 UPDATE dagwerk_waits
@@ -390,17 +390,12 @@ WHERE t.run_id = :run_id AND t.invalidated = 0 AND t.status = 'queued'
                     AND x.reinjected_attempt_id IS NULL)
 ORDER BY t.seq;
 
--- name: gated_waits_observe
-INSERT INTO dagwerk_wait_seen (task_id, wait_id, first_seen_at)
-SELECT t.task_id, t.active_wait_id, :now FROM dagwerk_tasks t
-WHERE t.run_id = :run_id AND t.invalidated = 0 AND t.status = 'waiting'
-  AND t.active_wait_id IS NOT NULL
-ON CONFLICT (task_id, wait_id) DO NOTHING;
-
--- name: gated_waits_seen
-SELECT t.task_id, s.first_seen_at FROM dagwerk_tasks t
-JOIN dagwerk_wait_seen s ON s.task_id = t.task_id AND s.wait_id = t.active_wait_id
-WHERE t.run_id = :run_id AND t.invalidated = 0 AND t.status = 'waiting'
+-- name: gated_wait_ages
+SELECT t.task_id, w.waited_at FROM dagwerk_runs r
+JOIN dagwerk_tasks t ON t.run_id = r.run_id
+JOIN dagwerk_waits w ON w.task_id = t.task_id AND w.wait_id = t.active_wait_id
+WHERE r.run_id = :run_id AND r.status = 'running'
+  AND t.invalidated = 0 AND t.status = 'waiting'
 ORDER BY t.seq;
 
 -- name: gated_stall_insert

@@ -88,7 +88,7 @@ CREATE TABLE dagwerk_waits (
     attempt_id TEXT NOT NULL,
     generation INTEGER NOT NULL,
     state TEXT NOT NULL,
-    resumed_attempt_id TEXT, response TEXT,
+    resumed_attempt_id TEXT, response TEXT, waited_at REAL,
     PRIMARY KEY (task_id, wait_id)
 ) WITHOUT ROWID;
 
@@ -199,7 +199,8 @@ CREATE TABLE dagwerk_budget_holds (
 ) WITHOUT ROWID;
 CREATE INDEX dagwerk_budget_holds_run ON dagwerk_budget_holds (run_id, charged);
 
--- version 4 (gated dispatch): named leases, stalls, first-seen waits.
+-- version 4 (gated dispatch): named leases and stalls (version 5 dropped
+-- its first-seen waits: dagwerk_waits.waited_at replaces them).
 CREATE TABLE dagwerk_leases (
     name TEXT PRIMARY KEY,
     holder TEXT NOT NULL,
@@ -211,11 +212,4 @@ CREATE TABLE dagwerk_stalls (
     reason TEXT NOT NULL,
     held_nodes TEXT NOT NULL,
     detected_at REAL NOT NULL
-) WITHOUT ROWID;
-
-CREATE TABLE dagwerk_wait_seen (
-    task_id TEXT NOT NULL,
-    wait_id TEXT NOT NULL,
-    first_seen_at REAL NOT NULL,
-    PRIMARY KEY (task_id, wait_id)
 ) WITHOUT ROWID;
