@@ -2,7 +2,7 @@
 pipelines go on (see ``driver.py``), on SQLite and, when
 ``DAGWERK_TEST_POSTGRES_URL`` is set, on PostgreSQL.
 
-CI runs about a minute per backend (50 s of chaos, then the drain and the
+CI runs about a minute per backend (60 s of chaos, then the drain and the
 check); ``DAGWERK_CHAOS_MINUTES=N`` runs N minutes of chaos per backend and
 ``DAGWERK_CHAOS_SEED`` replays a schedule. The summary line is printed
 (``pytest -s`` shows it) and is part of every failure message.
@@ -22,7 +22,7 @@ pytestmark = [
     pytest.mark.skipif(sys.platform == "win32", reason="uses SIGKILL"),
 ]
 
-CI_SECONDS = 50.0
+CI_SECONDS = 60.0
 KINDS = {"fan", "join", "chain", "wait", "doom"}
 
 
