@@ -49,6 +49,7 @@ from dagwerk.constants import (
     NodeDisposition,
     RunStatus,
 )
+from dagwerk.errors import DagwerkError
 from dagwerk.json import JsonValue
 from dagwerk.lineage import RunLink
 from dagwerk.models import (
@@ -65,6 +66,10 @@ from dagwerk.topology import RunTopology
 __all__ = [
     "AttemptRecord",
     "BackstopStore",
+    "BatchQueueStore",
+    "ClaimedDelivery",
+    "CompletionOutcome",
+    "CompletionRequest",
     "DagBudgetStore",
     "DagChildStore",
     "DagQueueStore",
@@ -655,6 +660,79 @@ class DagQueueStore(Protocol):
         changed) for an unknown or already re-injected dead letter, or when
         the task moved on; so of two racing callers at most one succeeds.
         """
+        ...
+
+
+# --- dagwerk extension: batched worker operations -----------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class ClaimedDelivery:
+    """One row leased by :meth:`BatchQueueStore.claim_deliveries`.
+
+    ``task`` is the task as the claim left it (RUNNING under the delivery's
+    attempt) when the claim succeeded, and ``None`` when it was refused (the
+    run is not RUNNING, the attempt or generation moved on, the task is not
+    QUEUED, ...): the lease still holds and the caller decides what to do
+    with the row, as after a plain ``dequeue`` and a refused ``try_claim_task``.
+    """
+
+    delivery: LeasedDelivery
+    task: TaskRecord | None
+
+
+@dataclass(frozen=True, slots=True)
+class CompletionRequest:
+    """One completion for :meth:`BatchQueueStore.complete_and_ack`."""
+
+    task_id: str
+    expected_attempt_id: str
+    outputs: tuple[EmittedOutput, ...]
+    delivery_id: str
+
+
+CompletionOutcome = TaskCompletionResult | None | DagwerkError
+"""Per request: the completion record, ``None`` (not accepted), or the typed
+error that refused it (nothing of that request was written)."""
+
+
+@runtime_checkable
+class BatchQueueStore(Protocol):
+    """Several worker transitions per commit (dagwerk extension, issue 9).
+
+    Each method does what a sequence of single operations does, with the same
+    fencing and validation, but in fewer transactions: nothing is weaker, a
+    crash between two commits leaves the state those single operations would
+    have left.
+    """
+
+    def claim_deliveries(
+        self,
+        worker_id: str,
+        *,
+        limit: int,
+        lease_seconds: float,
+        queues: Sequence[str] | None = None,
+        wait_seconds: float = 0.0,
+    ) -> list[ClaimedDelivery]:
+        """:meth:`DagQueueStore.dequeue`, then for every leased row
+        ``try_claim_task(task_id, expected_attempt_id=row.attempt_id,
+        expected_generation=row.generation)``; the claims commit together
+        (with the leases, where the backend can do so without a lock-order
+        hazard). Same arguments, waiting and dead-lettering as ``dequeue``;
+        one entry per leased row, in lease order."""
+        ...
+
+    def complete_and_ack(
+        self, worker_id: str, requests: Sequence[CompletionRequest]
+    ) -> list[CompletionOutcome]:
+        """For each request in order, ``try_complete_task(task_id, outputs,
+        expected_attempt_id=...)``, and when it did not raise,
+        ``ack(delivery_id, worker_id)``; all in one commit. A request whose
+        completion raises a :class:`~dagwerk.errors.DagwerkError` (outputs
+        refused, budget exhausted, ...) writes nothing, is not acked and gets
+        the error as its outcome; the other requests are unaffected. Any
+        other error rolls the whole call back and propagates."""
         ...
 
 

@@ -14,6 +14,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -62,10 +63,18 @@ def block(inputs: TaskInputs, ctx: TaskContext) -> object:
     return {"n": inputs.parameters["n"]}
 
 
+_HOLDING = threading.Semaphore(0)  # one release per hold() that has not returned yet
+_HELD = [0]
+_HELD_LOCK = threading.Lock()
+
+
 def hold(inputs: TaskInputs, ctx: TaskContext) -> object:
+    with _HELD_LOCK:
+        _HELD[0] += 1
     _mark(ctx, "started")
     ctx.cancelled.wait(60)
     _mark(ctx, "stopped")
+    _HOLDING.release()
     return {"n": inputs.parameters["n"]}
 
 
@@ -125,6 +134,10 @@ def worker_main(db: str, worker_id: str, concurrency: int, lease: float, interva
     while store.get_run_status(RUN_ID) not in RUN_TERMINAL_STATUSES:
         worker.process_once(wait_seconds=0.2)
     worker.stop(timeout=10)
+    # A cancelled plugin is abandoned by its settled attempt and may still be
+    # writing its mark: the process (and its daemon threads) ends after it.
+    for _ in range(_HELD[0]):
+        _HOLDING.acquire(timeout=10)
 
 
 # --- helpers of the tests ------------------------------------------------------------

@@ -337,13 +337,11 @@ def test_wk_15_a_signal_registered_before_the_final_read_stops_a_stale_read(
     entered: list[bool] = []
     _start(store, "run", [DagNode(slug="a", plugin="p")])
     worker = _worker(store, {"p": lambda i, c: entered.append(True)}, clock, tmp_path)
-    reads = {"n": 0}
     real = store.get_run_status
 
     def racing_read(run_id: str) -> RunStatus | None:
-        reads["n"] += 1
         status = real(run_id)
-        if reads["n"] == 2:  # the final read: shutdown races it and the read is stale
+        if worker._running:  # the final read: shutdown races it and the read is stale
             worker.stop()
         return status
 

@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from dagwerk.budgets import (
+    AccountUsage,
     AdmissionStatus,
     BudgetExhaustedError,
     CostEstimateError,
@@ -69,13 +70,20 @@ def admit_task(
     plugin: str,
     estimate: object,
     inputs: TaskInputs,
+    *,
+    accounts_of: Callable[[str], tuple[AccountUsage, ...]] | None = None,
 ) -> bool:
     """True: execute. False: the guard settled the delivery (failed the task
-    with ``budget_exhausted``/``cost_estimate_missing``, or acked a stale one)."""
+    with ``budget_exhausted``/``cost_estimate_missing``, or acked a stale one).
+    ``accounts_of`` reads the run's budget instead of the store (a batch
+    reads each run's budget once)."""
     try:
-        size = input_bytes(inputs)
+        # Sized only when something limits it: sizing walks every input.
+        size: int | None = None
         limit = worker.byte_limits.max_input_bytes
-        if limit is not None and size > limit:
+        if limit is not None:
+            size = input_bytes(inputs)
+        if limit is not None and size is not None and size > limit:
             raise BudgetExhaustedError(
                 f"budget_exhausted: input of {size} bytes exceeds the worker's "
                 f"max_input_bytes {limit}",
@@ -85,9 +93,11 @@ def admit_task(
         store = worker.store
         if not isinstance(store, DagBudgetStore):
             return True
-        accounts = store.get_run_budget(delivery.run_id)
+        accounts = (accounts_of or store.get_run_budget)(delivery.run_id)
         if not accounts:
             return True
+        if size is None:
+            size = input_bytes(inputs)
         cost_limited = any(a.budget.max_cost is not None for a in accounts)
         units = _estimate(worker, plugin, estimate, inputs) if cost_limited else None
         admission = store.try_admit_task(

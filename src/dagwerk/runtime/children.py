@@ -31,7 +31,7 @@ from __future__ import annotations
 
 import logging
 import uuid
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -194,13 +194,16 @@ def _child_store(worker: Worker) -> DagChildStore | None:
     return store if isinstance(store, DagChildStore) else None
 
 
-def _run_lineage(worker: Worker, run_id: str) -> RunLineage | None:
+def _run_lineage(
+    worker: Worker, run_id: str, link_of: Callable[[str], RunLink | None] | None = None
+) -> RunLineage | None:
     """The run's persisted lineage; ``None`` for a root run. Corrupt text raises
-    :class:`LineageInvalidError`."""
+    :class:`LineageInvalidError`. ``link_of`` reads the link instead of the
+    store (a batch reads each run's link once)."""
     store = _child_store(worker)
     if store is None:
         return None
-    link = store.get_run_link(run_id)
+    link = (link_of or store.get_run_link)(run_id)
     if link is None:
         return None
     lineage = decode_lineage(link.lineage)
@@ -214,7 +217,12 @@ def _run_lineage(worker: Worker, run_id: str) -> RunLineage | None:
     return lineage
 
 
-def guard_lineage(worker: Worker, delivery: LeasedDelivery) -> bool:
+def guard_lineage(
+    worker: Worker,
+    delivery: LeasedDelivery,
+    *,
+    link_of: Callable[[str], RunLink | None] | None = None,
+) -> bool:
     """Decode and enforce the run's persisted lineage before executing a task.
 
     True: execute. False: the guard settled the delivery, either failing
@@ -223,7 +231,7 @@ def guard_lineage(worker: Worker, delivery: LeasedDelivery) -> bool:
     cancelled (the task is cancelled in the same commit).
     """
     try:
-        lineage = _run_lineage(worker, delivery.run_id)
+        lineage = _run_lineage(worker, delivery.run_id, link_of)
         if lineage is None:
             return True
         check_lineage(lineage, max_child_depth=worker.max_child_depth)

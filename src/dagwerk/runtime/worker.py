@@ -31,7 +31,7 @@ import threading
 import uuid
 from collections.abc import Callable, Mapping
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from types import MappingProxyType
 from typing import Any
@@ -51,7 +51,9 @@ from dagwerk.orchestrator import (
 )
 from dagwerk.runtime._threads import spawn
 from dagwerk.runtime.actor import AdvancementActor
+from dagwerk.runtime.attempts import Attempt, BatchReads, Running
 from dagwerk.runtime.backstop import DEFAULT_BACKSTOP_INTERVAL, Backstop
+from dagwerk.runtime.batch import process_batch
 from dagwerk.runtime.budget_guard import ByteLimits, CostEstimate, admit_task, check_output_limit
 from dagwerk.runtime.children import guard_lineage, settle_child_wait
 from dagwerk.runtime.clock import Clock, SystemClock
@@ -73,7 +75,7 @@ from dagwerk.runtime.observer import WorkerObserver, notify
 from dagwerk.runtime.plugins import PluginFn, PluginRegistry, PluginSpec
 from dagwerk.runtime.retry_policy import RetryPolicy
 from dagwerk.runtime.sweep import StaleSweeper, SweepReport
-from dagwerk.store import BackstopStore, DagQueueStore, LeasedDelivery
+from dagwerk.store import BackstopStore, BatchQueueStore, DagQueueStore, LeasedDelivery, TaskRecord
 from dagwerk.task_input import resolve_task_inputs
 from dagwerk.waiting import wait_task
 
@@ -126,14 +128,6 @@ class DeliveryReport:
     detail: str = ""
 
 
-@dataclass(slots=True)
-class _Running:
-    signal: AttemptSignal
-    done: threading.Event = field(default_factory=threading.Event)
-    heartbeat: threading.Event = field(default_factory=threading.Event)
-    last_beat: float = float("-inf")
-
-
 class Worker:
     """Runs the plugins of deliveries from ``store``'s queue.
 
@@ -168,6 +162,7 @@ class Worker:
         max_child_depth: int = DEFAULT_MAX_CHILD_DEPTH,
         byte_limits: ByteLimits | None = None,
         cost_estimates: Mapping[str, CostEstimate] | None = None,
+        batched: bool = True,
     ) -> None:
         if type(concurrency) is not int or concurrency < 1:
             raise DagwerkError("concurrency must be an int >= 1", field="concurrency")
@@ -195,6 +190,11 @@ class Worker:
                 "the worker needs a store that implements DagQueueStore", field="store"
             )
         self.queue: DagQueueStore = store
+        # A store that claims and completes several attempts per commit gets
+        # the batched path (runtime/batch.py); any other the one-by-one path.
+        self._batch_store: BatchQueueStore | None = (
+            store if isinstance(store, BatchQueueStore) and batched else None
+        )
         self._rng = rng or random.Random()
         # How long an idle background step waits in dequeue for new work.
         self.idle_wait = poll_interval if idle_wait is None else idle_wait
@@ -224,7 +224,7 @@ class Worker:
                 on_report=lambda report: notify(self.observers, "backstop_finished", report),
             )
         self._pool = ThreadPoolExecutor(max_workers=concurrency, thread_name_prefix="dagwerk-w")
-        self._running: dict[str, _Running] = {}
+        self._running: dict[str, Running] = {}
         self._running_lock = threading.Lock()
         self.reports: list[DeliveryReport] = []
         self._stopped = False
@@ -288,6 +288,11 @@ class Worker:
         for work) and handle them; the number leased. With nothing to lease it
         settles dead-lettered tasks and runs the throttled idle sweep, and
         returns the number of tasks the sweep requeued."""
+        if self._batch_store is not None:
+            leased = process_batch(self, self._batch_store, wait_seconds)
+            if leased is not None:
+                return leased
+            return self._idle_sweep()
         batch: list[LeasedDelivery] = self.queue.dequeue(
             self.worker_id,
             limit=self.concurrency,
@@ -297,16 +302,19 @@ class Worker:
         )
         self._settle_dead_lettered()
         if not batch:
-            swept = self.sweeper.maybe_sweep()
-            if swept:
-                notify(self.observers, "swept", swept)
-            return sum(1 for report in swept if report.action == "requeued")
+            return self._idle_sweep()
         if len(batch) == 1:
             self._handle(batch[0])
         else:
             for future in [self._pool.submit(self._handle, d) for d in batch]:
                 future.result()
         return len(batch)
+
+    def _idle_sweep(self) -> int:
+        swept = self.sweeper.maybe_sweep()
+        if swept:
+            notify(self.observers, "swept", swept)
+        return sum(1 for report in swept if report.action == "requeued")
 
     def _report(self, delivery: LeasedDelivery, action: str, detail: str = "") -> None:
         report = DeliveryReport(delivery.delivery_id, delivery.task_id, action, detail)
@@ -393,35 +401,13 @@ class Worker:
     # --- one attempt -----------------------------------------------------------------
 
     def _execute(self, delivery: LeasedDelivery) -> None:
-        task = self.store.get_task(delivery.task_id)
-        node = self._node(delivery)
-        if task is None or node is None:
-            self._ack(delivery, "stale")
+        attempt = self._prepare(delivery, self.store.get_task(delivery.task_id))
+        if attempt is None:
             return
-        attempt = task.attempt_number
-        if not guard_lineage(self, delivery):
-            return
-        try:
-            spec = self.plugins.get(node.plugin)
-            inputs = resolve_task_inputs(self.store, run_id=delivery.run_id, plan=task.plan)
-        except DagwerkError as exc:
-            self._fail(delivery, exc)
-            return
-        estimate = self.cost_estimate_of(node, spec)
-        if not admit_task(self, delivery, node.plugin, estimate, inputs):
-            return
-        policy = self.retry_policy(node, spec)
-        timeout = self.timeout_of(node, spec)
-        bound = self.lease_bound(timeout)
-        self.queue.extend_lease(delivery.delivery_id, self.worker_id, bound)
-        entry = _Running(AttemptSignal())
         # The signal is registered before the final read, so a cancellation that
         # commits after the read still aborts the attempt (WK-15).
-        with self._running_lock:
-            self._running[delivery.delivery_id] = entry
+        self._register(attempt)
         try:
-            if self._stopped:
-                entry.signal.fire("worker stopping")
             try:
                 status = self._read_status(delivery.run_id)
             except Exception as exc:
@@ -430,25 +416,106 @@ class Worker:
             if status is not RunStatus.RUNNING:
                 self._ack(delivery, "cancelled", f"run is {status}")
                 return
-            ctx = self._context(
-                delivery, node, task.resumed_from_wait_id, attempt=attempt, entry=entry, bound=bound
-            )
-            watcher = spawn(
-                lambda: self._watch(delivery, entry, bound),
-                name=f"dagwerk-watch-{delivery.task_id}",
-            )
-            notify(self.observers, "task_started", delivery, node)
-            try:
-                outcome = self.executor.execute(
-                    spec.fn, inputs, ctx, timeout=timeout, signal=entry.signal, clock=self.clock
-                )
-            finally:
-                entry.done.set()
-                watcher.join()
-            self._settle(delivery, outcome, attempt, policy, entry.signal, ctx=ctx)
+            self._settle_attempt(attempt, self._run(attempt))
         finally:
-            with self._running_lock:
-                self._running.pop(delivery.delivery_id, None)
+            self._unregister(attempt)
+
+    def _prepare(
+        self,
+        delivery: LeasedDelivery,
+        task: TaskRecord | None,
+        *,
+        reads: BatchReads | None = None,
+        leased_bound: float | None = None,
+    ) -> Attempt | None:
+        """Everything between the claim and the plugin: node, lineage guard,
+        inputs, budget admission, timeout and the lease's bound. ``None`` when
+        a guard settled the delivery. ``reads`` shares a batch's reads;
+        the lease is extended unless ``leased_bound`` already covers it."""
+        node = self._node(delivery)
+        if task is None or node is None:
+            self._ack(delivery, "stale")
+            return None
+        link_of = None if reads is None else reads.link
+        if not guard_lineage(self, delivery, link_of=link_of):
+            return None
+        try:
+            spec = self.plugins.get(node.plugin)
+            resolver = self.store if reads is None else reads.resolver(delivery.run_id)
+            inputs = resolve_task_inputs(resolver, run_id=delivery.run_id, plan=task.plan)
+        except DagwerkError as exc:
+            self._fail(delivery, exc)
+            return None
+        estimate = self.cost_estimate_of(node, spec)
+        accounts_of = None if reads is None else reads.budget
+        if not admit_task(self, delivery, node.plugin, estimate, inputs, accounts_of=accounts_of):
+            return None
+        timeout = self.timeout_of(node, spec)
+        bound = self.lease_bound(timeout)
+        if leased_bound is None or bound > leased_bound:
+            self.queue.extend_lease(delivery.delivery_id, self.worker_id, bound)
+        return Attempt(
+            delivery, task, node, spec, inputs, self.retry_policy(node, spec), timeout, bound
+        )
+
+    def _register(self, attempt: Attempt) -> None:
+        with self._running_lock:
+            self._running[attempt.delivery.delivery_id] = attempt.entry
+        if self._stopped:
+            attempt.entry.signal.fire("worker stopping")
+
+    def _unregister(self, attempt: Attempt) -> None:
+        with self._running_lock:
+            self._running.pop(attempt.delivery.delivery_id, None)
+
+    def _run(self, attempt: Attempt) -> ExecutionOutcome:
+        """Run the plugin with its deadline while a watcher follows the run."""
+        delivery, entry = attempt.delivery, attempt.entry
+        attempt.ctx = self._context(
+            delivery,
+            attempt.node,
+            attempt.task.resumed_from_wait_id,
+            attempt=attempt.task.attempt_number,
+            entry=entry,
+            bound=attempt.bound,
+        )
+        watcher = spawn(
+            lambda: self._watch(delivery, entry, attempt.bound),
+            name=f"dagwerk-watch-{delivery.task_id}",
+        )
+        notify(self.observers, "task_started", delivery, attempt.node)
+        try:
+            return self.executor.execute(
+                attempt.spec.fn,
+                attempt.inputs,
+                attempt.ctx,
+                timeout=attempt.timeout,
+                signal=entry.signal,
+                clock=self.clock,
+            )
+        finally:
+            entry.done.set()
+            watcher.join()
+
+    def _handle_settle(self, attempt: Attempt, outcome: ExecutionOutcome) -> None:
+        """:meth:`_settle_attempt`; an error is handled as :meth:`_handle` does."""
+        delivery = attempt.delivery
+        try:
+            self._settle_attempt(attempt, outcome)
+        except Exception as exc:
+            _LOG.exception("delivery %s failed in the worker", delivery.delivery_id)
+            self.queue.nack(delivery.delivery_id, self.worker_id, delay=self.poll_interval)
+            self._report(delivery, "error", f"{type(exc).__name__}: {exc}")
+
+    def _settle_attempt(self, attempt: Attempt, outcome: ExecutionOutcome) -> None:
+        self._settle(
+            attempt.delivery,
+            outcome,
+            attempt.task.attempt_number,
+            attempt.policy,
+            attempt.entry.signal,
+            ctx=attempt.ctx,
+        )
 
     def _node(self, delivery: LeasedDelivery) -> DagNode | None:
         # A RunTopologyStore hands out one cached definition instead of
@@ -491,7 +558,7 @@ class Worker:
         resumed_from: str | None,
         *,
         attempt: int,
-        entry: _Running,
+        entry: Running,
         bound: float,
     ) -> TaskContext:
         secrets = (
@@ -524,7 +591,7 @@ class Worker:
             byte_limits=self.byte_limits,
         )
 
-    def _heartbeat(self, delivery: LeasedDelivery, entry: _Running, bound: float) -> None:
+    def _heartbeat(self, delivery: LeasedDelivery, entry: Running, bound: float) -> None:
         """Extend the lease now; beats closer than a tenth of the lease are folded."""
         entry.heartbeat.set()
         now = self.clock.monotonic()
@@ -552,7 +619,7 @@ class Worker:
             return
         self._ack(delivery, "crashed", reason)
 
-    def _watch(self, delivery: LeasedDelivery, entry: _Running, bound: float) -> None:
+    def _watch(self, delivery: LeasedDelivery, entry: Running, bound: float) -> None:
         """Observe durable run state at a bounded interval; extend the lease."""
         while not self.clock.wait(entry.done, self.cancel_check_interval):
             status = self._safe_status(delivery.run_id)

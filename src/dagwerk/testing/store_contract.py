@@ -23,6 +23,7 @@ an application's own store runs the same suite as the bundled backends.
 from __future__ import annotations
 
 from dagwerk.testing.contract_backstop import *  # noqa: F403
+from dagwerk.testing.contract_batch import *  # noqa: F403
 from dagwerk.testing.contract_budgets import *  # noqa: F403
 from dagwerk.testing.contract_children import *  # noqa: F403
 from dagwerk.testing.contract_claims import *  # noqa: F403

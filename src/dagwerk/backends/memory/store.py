@@ -7,6 +7,7 @@ from collections.abc import Callable
 
 from dagwerk.limits import Limits
 
+from ._batch import BatchMixin
 from ._children import ChildrenMixin
 from ._gated import GatedMixin
 from ._launches import LaunchesMixin
@@ -15,7 +16,9 @@ from ._runs import RunsMixin
 from ._tasks import TasksMixin
 
 
-class MemoryStore(ChildrenMixin, RunsMixin, LaunchesMixin, TasksMixin, QueueMixin, GatedMixin):
+class MemoryStore(
+    BatchMixin, ChildrenMixin, RunsMixin, LaunchesMixin, TasksMixin, QueueMixin, GatedMixin
+):
     """Implements ``DagStore``, ``DagWaitStore``, ``DagRetryStore``,
     ``OutputResolver``, ``DagRunStore`` and ``RunActivityStore`` in memory.
 

@@ -176,6 +176,10 @@ LEFT JOIN dagwerk_launches l
        ON l.launch_id = t.launch_id AND l.active = 1 AND l.generation = t.generation
 WHERE t.task_id = :task_id;
 
+-- name: tasks_runs
+SELECT task_id, run_id FROM dagwerk_tasks
+WHERE task_id = ANY (ARRAY(SELECT jsonb_array_elements_text(CAST(:ids AS jsonb))));
+
 -- name: tasks_running_in_nodes
 SELECT task_id, node_index FROM dagwerk_tasks
 WHERE run_id = :run_id AND invalidated = 0 AND status = 'running'

@@ -126,16 +126,20 @@ class SqlStoreBase:
         """The task if ``attempt_id`` is its current attempt in ``status``, in the
         active launch (of ``generation`` when given) of a RUNNING run."""
         task = self._task(tx, task_id)
-        if (
-            task is None
-            or not task["owned"]
-            or task["run_status"] != "running"
-            or task["status"] != status.value
-            or task["attempt_id"] != attempt_id
-            or (generation is not None and task["generation"] != generation)
-        ):
+        if task is None or not self._matches(task, attempt_id, status, generation):
             return None
         return task
+
+    @staticmethod
+    def _matches(task: Row, attempt_id: str, status: TaskStatus, generation: int | None) -> bool:
+        """The test of :meth:`_current` on a task row already read."""
+        return bool(
+            task["owned"]
+            and task["run_status"] == "running"
+            and task["status"] == status.value
+            and task["attempt_id"] == attempt_id
+            and (generation is None or task["generation"] == generation)
+        )
 
     # -- mutations (callers have validated everything) ----------------------------
 

@@ -19,6 +19,7 @@ from dagwerk.store import (
     InvalidStoreValueError,
     LeasedDelivery,
     TaskAttemptRef,
+    TaskRecord,
     validate_queue_names,
     validate_seconds,
     validate_worker_id,
@@ -40,6 +41,27 @@ class QueueMixin(SqlStoreBase):
         queues: Sequence[str] | None = None,
         wait_seconds: float = 0.0,
     ) -> list[LeasedDelivery]:
+        return self._dequeue(
+            worker_id,
+            limit=limit,
+            lease_seconds=lease_seconds,
+            queues=queues,
+            wait_seconds=wait_seconds,
+        )
+
+    def _dequeue(
+        self,
+        worker_id: str,
+        *,
+        limit: int,
+        lease_seconds: float,
+        queues: Sequence[str] | None,
+        wait_seconds: float,
+        claims: list[TaskRecord | None] | None = None,
+    ) -> list[LeasedDelivery]:
+        """``dequeue``; with ``claims`` each leased row's task is also claimed
+        in the lease's transaction and the claimed record (or ``None``) is
+        appended to ``claims`` (see :meth:`_lease`)."""
         validate_worker_id(worker_id)
         if type(limit) is not int or limit < 1:
             raise InvalidStoreValueError("limit must be an int >= 1", field="limit")
@@ -56,7 +78,7 @@ class QueueMixin(SqlStoreBase):
         waiter = getattr(self._gw, "wait_for_work", None)
         while True:
             epoch = epoch_of() if epoch_of is not None else None
-            leased = self._lease(worker_id, limit, lease, queue_filter)
+            leased = self._lease(worker_id, limit, lease, queue_filter, claims)
             remaining = deadline - time.monotonic()
             if leased or remaining <= 0:
                 return leased
@@ -65,13 +87,22 @@ class QueueMixin(SqlStoreBase):
             else:
                 time.sleep(min(remaining, 0.05))
 
+    def _claim_in(self, tx: Tx, delivery: LeasedDelivery) -> TaskRecord | None:
+        """Claim the leased row's attempt in ``tx`` (implemented by the batch mixin)."""
+        raise NotImplementedError
+
     def take_dead_lettered(self) -> list[TaskAttemptRef]:
         with self._dead_lettered_lock:
             taken, self._dead_lettered = self._dead_lettered, []
             return taken
 
     def _lease(
-        self, worker_id: str, limit: int, lease: float, queue_filter: str | None
+        self,
+        worker_id: str,
+        limit: int,
+        lease: float,
+        queue_filter: str | None,
+        claims: list[TaskRecord | None] | None = None,
     ) -> list[LeasedDelivery]:
         # Rows past max_deliveries are only noted here and buried afterwards,
         # each in its own transaction that locks the run row first: burying
@@ -117,6 +148,8 @@ class QueueMixin(SqlStoreBase):
                         },
                     )
                     leased.append(_leased(row, worker_id, expires))
+                    if claims is not None:
+                        claims.append(self._claim_in(tx, leased[-1]))
         for row in spent.values():
             if leased:
                 # The leases are committed; a failed burial must not lose them

@@ -180,38 +180,44 @@ class TasksMixin(SqlStoreBase):
         self, task_id: str, outputs: tuple[EmittedOutput, ...], *, expected_attempt_id: str
     ) -> TaskCompletionResult | None:
         with self._gw.write() as tx:
-            task = self._task(tx, task_id)
-            if task is None:
+            return self._complete(tx, task_id, tuple(outputs), expected_attempt_id)
+
+    def _complete(
+        self, tx: Tx, task_id: str, outputs: tuple[EmittedOutput, ...], expected_attempt_id: str
+    ) -> TaskCompletionResult | None:
+        """``try_complete_task`` in the caller's transaction. A refusal raises
+        before this completion wrote anything."""
+        task = self._task(tx, task_id)
+        if task is None:
+            return None
+        if task["completed_attempt_id"] is not None:
+            # FN-06: an exact repeat returns the first result; its outputs
+            # are ignored.
+            if task["completed_attempt_id"] != expected_attempt_id:
                 return None
-            if task["completed_attempt_id"] is not None:
-                # FN-06: an exact repeat returns the first result; its outputs
-                # are ignored.
-                if task["completed_attempt_id"] != expected_attempt_id:
-                    return None
-                return _completion(task, bool(task["completed_launch_complete"]))
-            # FN-05: ownership before any look at the outputs.
-            task = self._current(tx, task_id, expected_attempt_id, TaskStatus.RUNNING, None)
-            if task is None:
-                return None
-            prepared = self._prepare_outputs(tx, task, tuple(outputs))
-            self._charge_completion(tx, task, tuple(outputs))
-            if prepared:
-                tx.many("output_insert", prepared)
-            check_task_transition(TaskStatus.RUNNING, TaskStatus.COMPLETED)
-            tx.run("launch_count_completion", {"launch_id": task["launch_id"]})
-            launch = tx.one("launch_by_id", {"launch_id": task["launch_id"]})
-            assert launch is not None
-            complete = launch["completed"] == launch["task_count"]
-            tx.run(
-                "task_complete",
-                {
-                    "task_id": task_id,
-                    "attempt_id": expected_attempt_id,
-                    "launch_complete": int(complete),
-                },
-            )
-            self._bump(tx, task["run_id"], task["node_index"])
-            return _completion(task, complete)
+            return _completion(task, bool(task["completed_launch_complete"]))
+        # FN-05: ownership before any look at the outputs.
+        if not self._matches(task, expected_attempt_id, TaskStatus.RUNNING, None):
+            return None
+        prepared = self._prepare_outputs(tx, task, tuple(outputs))
+        self._charge_completion(tx, task, tuple(outputs))
+        if prepared:
+            tx.many("output_insert", prepared)
+        check_task_transition(TaskStatus.RUNNING, TaskStatus.COMPLETED)
+        tx.run("launch_count_completion", {"launch_id": task["launch_id"]})
+        launch = tx.one("launch_by_id", {"launch_id": task["launch_id"]})
+        assert launch is not None
+        complete = launch["completed"] == launch["task_count"]
+        tx.run(
+            "task_complete",
+            {
+                "task_id": task_id,
+                "attempt_id": expected_attempt_id,
+                "launch_complete": int(complete),
+            },
+        )
+        self._bump(tx, task["run_id"], task["node_index"])
+        return _completion(task, complete)
 
     def _prepare_outputs(
         self, tx: Tx, task: Row, outputs: tuple[EmittedOutput, ...]
@@ -241,9 +247,12 @@ class TasksMixin(SqlStoreBase):
             raise OutputPublicationError(
                 f"output IDs already exist in this run: {taken[:5]!r}", field="outputs"
             )
-        run = tx.one("run_get", {"run_id": run_id})
-        assert run is not None
-        topology = self._topology(run)
+        # The task's read locked the run already; the topology is cached.
+        topology = self._topologies.get(run_id)
+        if topology is None:
+            run = tx.one("run_get", {"run_id": run_id})
+            assert run is not None
+            topology = self._topology(run)
         node = topology.nodes[task["node_index"]]
         is_root = not topology.dependencies[task["node_index"]]
         plan_correlation = parse_plan(task["plan"]).correlation_id

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from ._batch import BatchMixin
 from ._children import ChildrenMixin
 from ._gated import GatedMixin
 from ._launches import LaunchesMixin
@@ -14,6 +15,7 @@ __all__ = ["SqlStore"]
 
 
 class SqlStore(
+    BatchMixin,
     ChildrenMixin,
     RunsMixin,
     LaunchesMixin,

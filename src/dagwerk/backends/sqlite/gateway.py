@@ -129,6 +129,10 @@ class SqliteGateway:
     child opens its own connection (a connection must not cross processes).
     """
 
+    serialises_writers = True
+    """One database-wide write lock: a transaction never waits on row locks, so
+    a batch of several runs' transitions cannot deadlock (see sql/_batch.py)."""
+
     def __init__(
         self,
         path: str,

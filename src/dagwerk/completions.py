@@ -1,0 +1,81 @@
+"""Several task completions per commit: the batched form of
+:func:`dagwerk.orchestrator.complete_attempt` (issue 9).
+
+A worker that finished several attempts hands their completions to
+:func:`complete_attempts`; the store commits them together with the acks of
+their deliveries (:class:`~dagwerk.store.BatchQueueStore`), and every run
+whose state may have moved is then reconciled once. Per request this does
+what ``complete_attempt`` followed by ``ack`` does: outputs refused by the
+store fail the task with the store's text, a stale attempt changes nothing,
+an exact repeat replays the first result and reconciles again (FN-06).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from dagwerk.limits import Limits
+from dagwerk.orchestrator import (
+    OrchestratorCallbacks,
+    _policy_needs_reconcile,
+    on_task_failed,
+    reconcile_run,
+)
+from dagwerk.store import (
+    BatchQueueStore,
+    CompletionOutcome,
+    CompletionRequest,
+    DagStore,
+    OutputPublicationError,
+    StoreContractError,
+    TaskCompletionResult,
+)
+
+__all__ = ["complete_attempts"]
+
+
+def complete_attempts(
+    store: DagStore,
+    worker_id: str,
+    requests: Sequence[CompletionRequest],
+    *,
+    callbacks: OrchestratorCallbacks,
+    limits: Limits | None = None,
+) -> list[CompletionOutcome]:
+    """Complete and acknowledge ``requests`` in one store call, then reconcile.
+
+    Returns the store's outcome per request. A request refused with
+    :class:`~dagwerk.store.OutputPublicationError` has already failed its
+    task here (its delivery is not acknowledged: the caller acks it); any
+    other error outcome (e.g. a budget refusal) is left to the caller, and
+    nothing of that request was written.
+    """
+    if not isinstance(store, BatchQueueStore):
+        raise StoreContractError("complete_attempts needs a BatchQueueStore")
+    items = list(requests)
+    outcomes = store.complete_and_ack(worker_id, items)
+    if not isinstance(outcomes, list) or len(outcomes) != len(items):
+        raise StoreContractError("complete_and_ack returned a result of the wrong length")
+    to_reconcile: dict[str, bool] = {}
+    for item, outcome in zip(items, outcomes, strict=True):
+        if isinstance(outcome, OutputPublicationError):
+            on_task_failed(
+                store,
+                task_id=item.task_id,
+                expected_attempt_id=item.expected_attempt_id,
+                error_message=str(outcome),
+                callbacks=callbacks,
+                limits=limits,
+            )
+            continue
+        if not isinstance(outcome, TaskCompletionResult):
+            continue
+        if outcome.task_id != item.task_id or outcome.attempt_id != item.expected_attempt_id:
+            raise StoreContractError("complete_and_ack returned mismatched fields")
+        run_id = outcome.run_id
+        to_reconcile[run_id] = to_reconcile.get(run_id, False) or outcome.launch_complete
+    for run_id, launch_complete in to_reconcile.items():
+        # One reconcile per run sees every completion of the batch.
+        if launch_complete or _policy_needs_reconcile(store, run_id):
+            reconcile_run(store, run_id, callbacks=callbacks, limits=limits)
+    return outcomes

@@ -1,0 +1,110 @@
+"""The worker's per-attempt state and the reads a batch of attempts shares."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from dagwerk.budgets import AccountUsage
+from dagwerk.lineage import RunLink
+from dagwerk.models import DagNode, ResolvedOutput, TaskInputs
+from dagwerk.runtime.context import TaskContext
+from dagwerk.runtime.executors import AttemptSignal
+from dagwerk.runtime.plugins import PluginSpec
+from dagwerk.runtime.retry_policy import RetryPolicy
+from dagwerk.store import DagBudgetStore, DagChildStore, LeasedDelivery, TaskRecord
+
+__all__ = ["Attempt", "BatchReads", "Running"]
+
+
+@dataclass(slots=True)
+class Running:
+    """What the worker's stop, watcher and heartbeat need of a running attempt."""
+
+    signal: AttemptSignal
+    done: threading.Event = field(default_factory=threading.Event)
+    heartbeat: threading.Event = field(default_factory=threading.Event)
+    last_beat: float = float("-inf")
+
+
+@dataclass(slots=True)
+class Attempt:
+    """One claimed attempt, prepared to run."""
+
+    delivery: LeasedDelivery
+    task: TaskRecord
+    node: DagNode
+    spec: PluginSpec
+    inputs: TaskInputs
+    policy: RetryPolicy
+    timeout: float | None
+    bound: float
+    entry: Running = field(default_factory=lambda: Running(AttemptSignal()))
+    ctx: TaskContext | None = None
+
+
+class _Prefetched:
+    """An ``OutputResolver`` over outputs a batch read in one request."""
+
+    def __init__(self, outputs: Mapping[str, ResolvedOutput]) -> None:
+        self._outputs = outputs
+
+    def resolve_outputs(
+        self, run_id: str, output_ids: Sequence[str]
+    ) -> Mapping[str, ResolvedOutput]:
+        return {oid: self._outputs[oid] for oid in output_ids if oid in self._outputs}
+
+
+class BatchReads:
+    """Reads that every attempt of one batch would repeat, done once per run.
+
+    A run's lineage link never changes once the run exists. Its budget can
+    be set while the run runs, so it is read once per batch, as one
+    attempt would read it once before running. The outputs of all attempts
+    of a run are resolved in one request; if that request fails, each
+    attempt resolves its own (and fails on its own).
+    """
+
+    def __init__(self, store: Any, plans: Mapping[str, list[TaskRecord]]) -> None:
+        self._store = store
+        self._plans = plans
+        self._links: dict[str, RunLink | None] = {}
+        self._budgets: dict[str, tuple[AccountUsage, ...]] = {}
+        self._resolvers: dict[str, Any] = {}
+
+    def link(self, run_id: str) -> RunLink | None:
+        if run_id not in self._links:
+            store = self._store
+            self._links[run_id] = (
+                store.get_run_link(run_id) if isinstance(store, DagChildStore) else None
+            )
+        return self._links[run_id]
+
+    def budget(self, run_id: str) -> tuple[AccountUsage, ...]:
+        if run_id not in self._budgets:
+            store = self._store
+            self._budgets[run_id] = (
+                tuple(store.get_run_budget(run_id)) if isinstance(store, DagBudgetStore) else ()
+            )
+        return self._budgets[run_id]
+
+    def resolver(self, run_id: str) -> Any:
+        """An ``OutputResolver`` for the run's attempts in this batch."""
+        found = self._resolvers.get(run_id)
+        if found is None:
+            found = self._store
+            tasks = self._plans.get(run_id, [])
+            if len(tasks) > 1:
+                wanted = tuple(
+                    dict.fromkeys(
+                        oid for task in tasks for edge in task.plan.edges for oid in edge.output_ids
+                    )
+                )
+                try:
+                    found = _Prefetched(self._store.resolve_outputs(run_id, wanted))
+                except Exception:
+                    found = self._store  # each attempt resolves (and fails) alone
+            self._resolvers[run_id] = found
+        return found

@@ -1,0 +1,208 @@
+"""The worker's batched path over a :class:`~dagwerk.store.BatchQueueStore`.
+
+Per batch, instead of about ten transactions per delivery:
+
+1. one ``claim_deliveries``: the leases and the claims (on SQLite one
+   commit); rows whose claim was refused take the one-by-one path;
+2. the reads every attempt would repeat, once per run (:class:`BatchReads`):
+   lineage link, budget, and the outputs of all its attempts' plans;
+3. every attempt's abort signal is registered, then each run's status is
+   read once: a cancellation that committed after the claim still stops the
+   attempt before its plugin starts (WK-15);
+4. the plugins run in parallel (up to ``concurrency``);
+5. one ``complete_and_ack`` for every attempt that returned outputs, then one
+   reconcile per run whose launch completed (:func:`complete_attempts`);
+   failures, timeouts, waits and cancellations settle one by one as before.
+
+The lease taken by the claim already runs to the ownership bound
+(``lease_seconds + lease_grace``, WK-03); only a task whose timeout is
+longer extends it. Nothing is acknowledged before its transition commits.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections import defaultdict
+from typing import TYPE_CHECKING
+
+from dagwerk.budgets import BudgetExhaustedError
+from dagwerk.completions import complete_attempts
+from dagwerk.constants import RunStatus
+from dagwerk.errors import DagwerkError
+from dagwerk.runtime.attempts import Attempt, BatchReads
+from dagwerk.runtime.budget_guard import check_output_limit
+from dagwerk.runtime.executors import ExecutionOutcome, OutcomeKind
+from dagwerk.store import (
+    BatchQueueStore,
+    ClaimedDelivery,
+    CompletionRequest,
+    OutputPublicationError,
+    TaskCompletionResult,
+    TaskRecord,
+)
+
+if TYPE_CHECKING:
+    from dagwerk.runtime.worker import Worker
+
+__all__ = ["process_batch"]
+
+_LOG = logging.getLogger("dagwerk.runtime.worker")
+
+
+def process_batch(worker: Worker, store: BatchQueueStore, wait_seconds: float) -> int | None:
+    """Claim and run one batch; the number of rows leased, or ``None`` when
+    nothing was leased (the caller then sweeps)."""
+    claims = store.claim_deliveries(
+        worker.worker_id,
+        limit=worker.concurrency,
+        lease_seconds=worker.lease_bound(None),
+        queues=worker.queues,
+        wait_seconds=wait_seconds,
+    )
+    worker._settle_dead_lettered()
+    if not claims:
+        return None
+    claimed = [c for c in claims if c.task is not None]
+    for refused in (c for c in claims if c.task is None):
+        # Run not RUNNING, a stale attempt, or a redelivery of a RUNNING task
+        # whose holder died: the one-by-one path decides (and recovers).
+        worker._handle(refused.delivery)
+    if claimed:
+        _run_claimed(worker, claimed)
+    return len(claims)
+
+
+def _run_claimed(worker: Worker, claimed: list[ClaimedDelivery]) -> None:
+    plans: dict[str, list[TaskRecord]] = defaultdict(list)
+    for claim in claimed:
+        assert claim.task is not None
+        plans[claim.delivery.run_id].append(claim.task)
+    reads = BatchReads(worker.store, plans)
+    leased_bound = worker.lease_bound(None)
+    attempts: list[Attempt] = []
+    for claim in claimed:
+        try:
+            attempt = worker._prepare(
+                claim.delivery, claim.task, reads=reads, leased_bound=leased_bound
+            )
+        except Exception as exc:  # one bad delivery never stops the batch
+            _failed_in_worker(worker, claim, exc)
+            continue
+        if attempt is not None:
+            attempts.append(attempt)
+    for attempt in attempts:
+        worker._register(attempt)
+    try:
+        runnable = _still_running(worker, attempts)
+        outcomes = _execute_all(worker, runnable)
+        _settle_all(worker, runnable, outcomes)
+    finally:
+        for attempt in attempts:
+            worker._unregister(attempt)
+
+
+def _failed_in_worker(worker: Worker, claim: ClaimedDelivery, exc: Exception) -> None:
+    delivery = claim.delivery
+    _LOG.exception("delivery %s failed in the worker", delivery.delivery_id, exc_info=exc)
+    worker.queue.nack(delivery.delivery_id, worker.worker_id, delay=worker.poll_interval)
+    worker._report(delivery, "error", f"{type(exc).__name__}: {exc}")
+
+
+def _still_running(worker: Worker, attempts: list[Attempt]) -> list[Attempt]:
+    """Read each run's status once, after every signal is registered."""
+    statuses: dict[str, RunStatus | Exception | None] = {}
+    runnable: list[Attempt] = []
+    for attempt in attempts:
+        delivery = attempt.delivery
+        if delivery.run_id not in statuses:
+            try:
+                statuses[delivery.run_id] = worker._read_status(delivery.run_id)
+            except Exception as exc:
+                statuses[delivery.run_id] = exc
+        status = statuses[delivery.run_id]
+        if isinstance(status, Exception):
+            worker._crash_unreadable(delivery, status)
+        elif status is not RunStatus.RUNNING:
+            worker._ack(delivery, "cancelled", f"run is {status}")
+        else:
+            runnable.append(attempt)
+    return runnable
+
+
+def _execute_all(worker: Worker, attempts: list[Attempt]) -> list[ExecutionOutcome | Exception]:
+    def run(attempt: Attempt) -> ExecutionOutcome | Exception:
+        try:
+            return worker._run(attempt)
+        except Exception as exc:
+            return exc
+
+    if len(attempts) <= 1:
+        return [run(attempt) for attempt in attempts]
+    futures = [worker._pool.submit(run, attempt) for attempt in attempts[1:]]
+    # The loop thread runs one attempt itself rather than idle.
+    first = run(attempts[0])
+    return [first, *(future.result() for future in futures)]
+
+
+def _settle_all(
+    worker: Worker, attempts: list[Attempt], outcomes: list[ExecutionOutcome | Exception]
+) -> None:
+    done: list[Attempt] = []
+    for attempt, outcome in zip(attempts, outcomes, strict=True):
+        delivery = attempt.delivery
+        if isinstance(outcome, Exception):
+            _LOG.error("delivery %s failed in the worker", delivery.delivery_id, exc_info=outcome)
+            worker.queue.nack(delivery.delivery_id, worker.worker_id, delay=worker.poll_interval)
+            worker._report(delivery, "error", f"{type(outcome).__name__}: {outcome}")
+        elif outcome.kind is OutcomeKind.OK:
+            if check_output_limit(worker, delivery, outcome.outputs):
+                done.append(attempt)
+        else:
+            worker._handle_settle(attempt, outcome)
+    if done:
+        _complete_all(worker, done, {id(a): o for a, o in zip(attempts, outcomes, strict=True)})
+
+
+def _complete_all(
+    worker: Worker, done: list[Attempt], outcomes: dict[int, ExecutionOutcome | Exception]
+) -> None:
+    requests = []
+    for attempt in done:
+        outcome = outcomes[id(attempt)]
+        assert isinstance(outcome, ExecutionOutcome)
+        requests.append(
+            CompletionRequest(
+                attempt.delivery.task_id,
+                attempt.delivery.attempt_id,
+                outcome.outputs,
+                attempt.delivery.delivery_id,
+            )
+        )
+    try:
+        results = complete_attempts(
+            worker.store, worker.worker_id, requests, callbacks=worker.callbacks
+        )
+    except Exception:
+        # Nothing of the batch committed (or it did and the reconcile failed,
+        # which the completions' exact repeats redo): settle one by one.
+        _LOG.exception("a batch of %d completions failed; settling one by one", len(done))
+        for attempt in done:
+            outcome = outcomes[id(attempt)]
+            assert isinstance(outcome, ExecutionOutcome)
+            worker._handle_settle(attempt, outcome)
+        return
+    for attempt, result in zip(done, results, strict=True):
+        delivery = attempt.delivery
+        if isinstance(result, TaskCompletionResult):
+            worker._report(delivery, "completed")
+        elif result is None:
+            worker._report(delivery, "discarded")
+        elif isinstance(result, OutputPublicationError):
+            worker._ack(delivery, "discarded")  # the task failed with the store's text
+        elif isinstance(result, BudgetExhaustedError):
+            worker._fail(delivery, result)  # the completion wrote nothing
+        else:
+            assert isinstance(result, DagwerkError)
+            _LOG.error("completion of %s refused: %s", delivery.task_id, result)
+            worker.queue.nack(delivery.delivery_id, worker.worker_id, delay=worker.poll_interval)
+            worker._report(delivery, "error", f"{type(result).__name__}: {result}")

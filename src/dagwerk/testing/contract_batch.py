@@ -1,0 +1,725 @@
+"""Contract tests: the batched worker operations of ``BatchQueueStore`` (issue 9).
+
+``claim_deliveries`` is ``dequeue`` followed by one ``try_claim_task`` per
+leased row; ``complete_and_ack`` is, per request, ``try_complete_task``
+followed by ``ack`` when the completion did not raise. These tests pin that
+equivalence on every backend: the records each call returns, the task
+states it leaves, and which queue rows it leases, keeps or removes.
+
+Stores come from the backend's ``make_store`` fixture with a fake clock
+(see :mod:`dagwerk.testing.contract_queue`).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import replace
+from typing import Protocol
+
+import pytest
+
+from dagwerk.budgets import Budget, BudgetExhaustedError, output_bytes
+from dagwerk.constants import RunStatus, TaskStatus
+from dagwerk.execution import recover_task
+from dagwerk.limits import Limits
+from dagwerk.models import DagNode, EmittedOutput
+from dagwerk.orchestrator import reconcile_run, start_run
+from dagwerk.store import (
+    BatchQueueStore,
+    ClaimedDelivery,
+    CompletionOutcome,
+    CompletionRequest,
+    DagBudgetStore,
+    DagQueueStore,
+    InvalidStoreValueError,
+    OutputPublicationError,
+    TaskAttemptRef,
+    TaskCompletionResult,
+    TaskRecord,
+)
+from dagwerk.testing.contract_queue import FakeClock
+from dagwerk.testing.helpers import (
+    CallbackLog,
+    ContractStore,
+    chain,
+    child,
+    claim,
+    emit,
+    fingerprint,
+    launch_of,
+    new_run,
+    only_task,
+    root,
+    task,
+)
+from dagwerk.waiting import wait_task
+
+__all__ = [
+    "BatchContractStore",
+    "bq_clock",
+    "bq_store",
+    "test_bq_01_claim_deliveries_leases_and_claims_up_to_limit",
+    "test_bq_02_entries_follow_priority_then_creation_order",
+    "test_bq_03_entries_follow_availability_and_count_leases_like_dequeue",
+    "test_bq_04_claim_refused_for_a_task_not_queued_keeps_the_lease_and_changes_nothing",
+    "test_bq_05_rows_of_stale_attempts_are_leased_but_not_claimed",
+    "test_bq_06_rows_of_a_cancelled_run_are_not_leased",
+    "test_bq_07_row_past_max_deliveries_is_dead_lettered_not_returned",
+    "test_bq_08_nothing_deliverable_returns_empty_at_once",
+    "test_bq_09_invalid_requests_raise_typed_errors_and_change_nothing",
+    "test_bq_10_claim_deliveries_equals_dequeue_then_try_claim_task",
+    "test_bq_11_complete_and_ack_completes_and_acks_in_request_order",
+    "test_bq_12_stale_completion_gives_none_and_its_row_is_still_acked",
+    "test_bq_13_exact_repeat_returns_the_first_result",
+    "test_bq_14_refused_outputs_fail_only_their_request",
+    "test_bq_15_too_many_outputs_are_refused_per_request",
+    "test_bq_16_completion_by_a_non_holder_applies_but_does_not_ack",
+    "test_bq_17_empty_request_list_changes_nothing",
+    "test_bq_18_batched_worker_cycle_runs_a_chain_to_completion",
+    "test_bq_19_budget_refusal_fails_only_its_request_and_sees_earlier_charges",
+    "test_bq_20_batches_spanning_runs_keep_lease_and_request_order",
+]
+
+
+class BatchContractStore(ContractStore, DagQueueStore, BatchQueueStore, Protocol):
+    """A contract-suite store with the durable queue and the batched operations."""
+
+
+@pytest.fixture
+def bq_clock() -> FakeClock:
+    return FakeClock()
+
+
+@pytest.fixture
+def bq_store(
+    make_store: Callable[..., BatchContractStore], bq_clock: FakeClock
+) -> BatchContractStore:
+    store = make_store(clock=bq_clock)
+    assert isinstance(store, BatchQueueStore), "every shipped store offers the batched operations"
+    return store
+
+
+# --- helpers ------------------------------------------------------------------
+
+
+def _claim(
+    store: BatchContractStore,
+    worker: str = "w1",
+    *,
+    limit: int = 10,
+    lease_seconds: float = 30.0,
+    queues: Sequence[str] | None = None,
+) -> list[ClaimedDelivery]:
+    return store.claim_deliveries(worker, limit=limit, lease_seconds=lease_seconds, queues=queues)
+
+
+def _request(entry: ClaimedDelivery, outputs: tuple[EmittedOutput, ...]) -> CompletionRequest:
+    """Complete the attempt the entry's row offers, acking that row."""
+    row = entry.delivery
+    return CompletionRequest(
+        task_id=row.task_id,
+        expected_attempt_id=row.attempt_id,
+        outputs=outputs,
+        delivery_id=row.delivery_id,
+    )
+
+
+def _completed(outcome: CompletionOutcome) -> TaskCompletionResult:
+    assert isinstance(outcome, TaskCompletionResult), f"expected a completion, got {outcome!r}"
+    return outcome
+
+
+def _claimed(entry: ClaimedDelivery) -> TaskRecord:
+    assert entry.task is not None, f"claim of {entry.delivery.task_id} was refused"
+    return entry.task
+
+
+def _node(slug: str, priority: int) -> DagNode:
+    return DagNode(slug=slug, plugin=slug, priority=priority)
+
+
+def _row_ids(store: BatchContractStore, run_id: str = "run-1") -> list[str]:
+    return [row.delivery_id for row in store.list_deliveries(run_id)]
+
+
+def _states(store: BatchContractStore, run_id: str) -> list[tuple[object, ...]]:
+    """Task states by node, free of the store-generated IDs."""
+    return sorted(
+        (
+            record.node_index,
+            record.status,
+            record.generation,
+            record.attempt_number,
+            record.error,
+            record.active_wait_id,
+            tuple(
+                (a.number, a.status, a.error, a.worker_id)
+                for a in store.list_attempts(record.task_id)
+            ),
+        )
+        for record in store.list_tasks(run_id, include_invalidated=True)
+    )
+
+
+# --- claim_deliveries -------------------------------------------------------------
+
+
+def test_bq_01_claim_deliveries_leases_and_claims_up_to_limit(
+    bq_store: BatchContractStore, bq_clock: FakeClock
+) -> None:
+    store = bq_store
+    new_run(store, [root("a"), root("b"), root("c")])
+    before = {record.task_id: record for record in store.list_tasks("run-1")}
+    first = _claim(store, "w1", limit=2)
+    assert len(first) == 2
+    for entry in first:
+        row = entry.delivery
+        assert (row.worker_id, row.delivery_count) == ("w1", 1)
+        assert row.lease_expires_at == bq_clock.now + 30.0
+        claimed = _claimed(entry)
+        # The record is the task as the claim left it: RUNNING under the
+        # row's attempt, nothing but the status changed (FN-01).
+        assert claimed == task(store, row.task_id)
+        assert claimed == replace(before[row.task_id], status=TaskStatus.RUNNING)
+        assert (claimed.attempt_id, claimed.generation) == (row.attempt_id, row.generation)
+        assert store.list_attempts(row.task_id)[-1].worker_id == "w1"
+    second = _claim(store, "w2", limit=5)
+    assert len(second) == 1
+    assert _claimed(second[0]).status is TaskStatus.RUNNING
+    leased = {e.delivery.task_id for e in first + second}
+    assert leased == set(before)
+    assert len({e.delivery.delivery_id for e in first + second}) == 3
+    assert _claim(store, "w3") == []
+    # Claiming acknowledges nothing: the rows stay until acked.
+    assert len(store.list_deliveries("run-1")) == 3
+    assert all(r.status is TaskStatus.RUNNING for r in store.list_tasks("run-1"))
+
+
+def test_bq_02_entries_follow_priority_then_creation_order(bq_store: BatchContractStore) -> None:
+    store = bq_store
+    new_run(store, [_node("low", 0), _node("high", 9), _node("mid", 5), _node("low2", 0)])
+    first = _claim(store, limit=3)
+    assert [e.delivery.node_index for e in first] == [1, 2, 0]
+    assert [e.delivery.priority for e in first] == [9, 5, 0]
+    assert all(_claimed(e).node_index == e.delivery.node_index for e in first)
+    (last,) = _claim(store, limit=3)
+    assert last.delivery.node_index == 3
+    assert _claimed(last).status is TaskStatus.RUNNING
+
+
+def test_bq_03_entries_follow_availability_and_count_leases_like_dequeue(
+    bq_store: BatchContractStore, bq_clock: FakeClock
+) -> None:
+    store = bq_store
+    new_run(store, [root("a"), root("b"), root("c")])
+    order = [row.delivery_id for row in store.dequeue("w1", limit=3, lease_seconds=30.0)]
+    # Give the first row back later than the others.
+    bq_clock.advance(1.0)
+    for delivery_id in order[1:]:
+        assert store.nack(delivery_id, "w1")
+    bq_clock.advance(1.0)
+    assert store.nack(order[0], "w1")
+    entries = _claim(store, "w2", limit=3, lease_seconds=12.5)
+    assert [e.delivery.delivery_id for e in entries] == order[1:] + order[:1]
+    for entry in entries:
+        assert entry.delivery.delivery_count == 2
+        assert entry.delivery.worker_id == "w2"
+        assert entry.delivery.lease_expires_at == bq_clock.now + 12.5
+        assert _claimed(entry).status is TaskStatus.RUNNING
+
+
+def test_bq_04_claim_refused_for_a_task_not_queued_keeps_the_lease_and_changes_nothing(
+    bq_store: BatchContractStore,
+) -> None:
+    store = bq_store
+    new_run(store, [root("a"), root("b")])
+    running = only_task(store, "run-1", 0)
+    waiting = only_task(store, "run-1", 1)
+    # Claimed without a lease (RUNNING) and parked (WAITING): both rows stay
+    # deliverable, as after a worker that never acked.
+    claim(store, running)
+    claim(store, waiting)
+    assert wait_task(
+        store,
+        waiting.task_id,
+        "w-b",
+        expected_attempt_id=waiting.attempt_id,
+        expected_generation=waiting.generation,
+    )
+    snapshot = fingerprint(store, "run-1")
+    entries = _claim(store, "w1")
+    assert [(e.delivery.task_id, e.delivery.attempt_id, e.task) for e in entries] == [
+        (running.task_id, running.attempt_id, None),
+        (waiting.task_id, waiting.attempt_id, None),
+    ]
+    assert fingerprint(store, "run-1") == snapshot
+    assert task(store, running.task_id).status is TaskStatus.RUNNING
+    assert task(store, waiting.task_id).status is TaskStatus.WAITING
+    # The rows are still leased to w1: hidden from others, ackable by w1 only.
+    assert store.dequeue("w2", limit=5, lease_seconds=30.0) == []
+    assert _claim(store, "w2") == []
+    assert store.ack(entries[0].delivery.delivery_id, "w2") is False
+    assert all(store.ack(e.delivery.delivery_id, "w1") for e in entries)
+    assert store.list_deliveries("run-1") == []
+
+
+def test_bq_05_rows_of_stale_attempts_are_leased_but_not_claimed(
+    bq_store: BatchContractStore, bq_clock: FakeClock
+) -> None:
+    store = bq_store
+    new_run(store, [root("a"), root("b")])
+    lost = only_task(store, "run-1", 0)
+    flaky = only_task(store, "run-1", 1)
+    claim(store, lost)
+    claim(store, flaky)
+    recovered = recover_task(
+        store, lost.task_id, expected_attempt_id=lost.attempt_id, expected_generation=0
+    )
+    assert recovered is not None
+    retried = store.try_fail_task_with_retry(
+        flaky.task_id, "flaky", expected_attempt_id=flaky.attempt_id, available_at=bq_clock.now
+    )
+    assert retried is not None
+    fresh = {lost.task_id: recovered.recovered_attempt_id, flaky.task_id: retried}
+    entries = _claim(store, "w1")
+    # The old rows are older, so they come first; the new ones win the claims.
+    assert [e.delivery.attempt_id for e in entries] == [
+        lost.attempt_id,
+        flaky.attempt_id,
+        recovered.recovered_attempt_id,
+        retried,
+    ]
+    assert [e.task is None for e in entries] == [True, True, False, False]
+    for entry in entries[2:]:
+        claimed = _claimed(entry)
+        assert claimed == task(store, entry.delivery.task_id)
+        assert claimed.status is TaskStatus.RUNNING
+        assert claimed.attempt_id == fresh[claimed.task_id]
+    # The stale attempts cannot run, and their rows stay with w1.
+    for old in (lost, flaky):
+        assert (
+            store.try_claim_task(
+                old.task_id, expected_attempt_id=old.attempt_id, expected_generation=0
+            )
+            is None
+        )
+    assert store.dequeue("w2", limit=5, lease_seconds=30.0) == []
+    assert store.ack(entries[0].delivery.delivery_id, "w2") is False
+    assert store.ack(entries[0].delivery.delivery_id, "w1") is True
+    assert store.ack(entries[1].delivery.delivery_id, "w1") is True
+    assert sorted(_row_ids(store)) == sorted(e.delivery.delivery_id for e in entries[2:])
+
+
+def test_bq_06_rows_of_a_cancelled_run_are_not_leased(bq_store: BatchContractStore) -> None:
+    store = bq_store
+    new_run(store, [root("a"), root("b")])
+    new_run(store, [root("c")], run_id="run-2")
+    assert store.try_cancel_run("run-1") is True
+    snapshot = fingerprint(store, "run-1")
+    (entry,) = _claim(store, "w1")
+    assert entry.delivery.run_id == "run-2"
+    assert _claimed(entry).run_id == "run-2"
+    assert fingerprint(store, "run-1") == snapshot
+    assert all(r.status is TaskStatus.CANCELLED for r in store.list_tasks("run-1"))
+
+
+def test_bq_07_row_past_max_deliveries_is_dead_lettered_not_returned(
+    make_store: Callable[..., BatchContractStore], bq_clock: FakeClock
+) -> None:
+    store = make_store(clock=bq_clock, max_deliveries=1)
+    new_run(store, [root("a"), root("b")])
+    (first,) = store.dequeue("w1", limit=1, lease_seconds=1.0)
+    doomed = task(store, first.task_id)
+    # Given back at once, the used-up row is again the first candidate; once
+    # buried it does not count towards the limit.
+    assert store.nack(first.delivery_id, "w1")
+    (entry,) = store.claim_deliveries("w2", limit=1, lease_seconds=30.0)
+    assert entry.delivery.task_id != doomed.task_id
+    assert _claimed(entry).status is TaskStatus.RUNNING
+    (letter,) = store.list_dead_letters()
+    assert letter.reason == "max_deliveries"
+    assert letter.delivery_id == first.delivery_id
+    assert (letter.task_id, letter.attempt_id) == (doomed.task_id, doomed.attempt_id)
+    crashed = task(store, doomed.task_id)
+    assert crashed.status is TaskStatus.CRASHED
+    assert crashed.error == "dead-lettered: max_deliveries"
+    assert store.take_dead_lettered() == [TaskAttemptRef(doomed.task_id, doomed.attempt_id)]
+    assert store.take_dead_lettered() == []
+    assert _row_ids(store) == [entry.delivery.delivery_id]
+
+
+def test_bq_08_nothing_deliverable_returns_empty_at_once(bq_store: BatchContractStore) -> None:
+    store = bq_store
+    started = time.monotonic()
+    assert store.claim_deliveries("w1", limit=5, lease_seconds=5.0, wait_seconds=0) == []
+    new_run(store, [root("a")])
+    # Work in another queue, or in no queue at all, is not deliverable here.
+    assert _claim(store, "w1", queues=["elsewhere"]) == []
+    assert _claim(store, "w1", queues=[]) == []
+    (entry,) = store.claim_deliveries("w1", limit=5, lease_seconds=5.0, wait_seconds=0.0)
+    assert entry.delivery.delivery_count == 1
+    assert store.claim_deliveries("w2", limit=5, lease_seconds=5.0, wait_seconds=0.0) == []
+    # The calls that found nothing returned without waiting (a generous
+    # bound: each takes milliseconds).
+    assert time.monotonic() - started < 2.0
+
+
+def test_bq_09_invalid_requests_raise_typed_errors_and_change_nothing(
+    bq_store: BatchContractStore,
+) -> None:
+    store = bq_store
+    new_run(store, [root("a")])
+    snapshot = fingerprint(store, "run-1")
+    bad: list[Callable[[], object]] = [
+        lambda: store.claim_deliveries("", limit=1, lease_seconds=1.0),
+        lambda: store.claim_deliveries("w", limit=0, lease_seconds=1.0),
+        lambda: store.claim_deliveries("w", limit=True, lease_seconds=1.0),
+        lambda: store.claim_deliveries("w", limit=1, lease_seconds=0.0),
+        lambda: store.claim_deliveries("w", limit=1, lease_seconds=-1.0),
+        lambda: store.claim_deliveries("w", limit=1, lease_seconds=float("nan")),
+        lambda: store.claim_deliveries("w", limit=1, lease_seconds=1.0, queues="default"),
+        lambda: store.claim_deliveries("w", limit=1, lease_seconds=1.0, wait_seconds=-1.0),
+    ]
+    for call in bad:
+        with pytest.raises(InvalidStoreValueError):
+            call()
+    assert fingerprint(store, "run-1") == snapshot
+    # Nothing was leased or claimed by the refused calls.
+    (entry,) = _claim(store, "w")
+    assert entry.delivery.delivery_count == 1
+    assert _claimed(entry).status is TaskStatus.RUNNING
+    # A completion batch from an invalid worker ID is refused as a whole.
+    claimed = fingerprint(store, "run-1")
+    with pytest.raises(InvalidStoreValueError):
+        store.complete_and_ack("", [_request(entry, emit("a-1"))])
+    assert fingerprint(store, "run-1") == claimed
+
+
+def test_bq_10_claim_deliveries_equals_dequeue_then_try_claim_task(
+    make_store: Callable[..., BatchContractStore],
+) -> None:
+    def prepare() -> BatchContractStore:
+        store = make_store(clock=FakeClock())
+        new_run(store, [_node("a", 0), _node("b", 3), _node("c", 0), _node("d", 0), _node("e", 1)])
+        # c is RUNNING with its row still deliverable; d lost its worker.
+        claim(store, only_task(store, "run-1", 2))
+        lost = only_task(store, "run-1", 3)
+        claim(store, lost)
+        assert recover_task(
+            store, lost.task_id, expected_attempt_id=lost.attempt_id, expected_generation=0
+        )
+        return store
+
+    batched, single = prepare(), prepare()
+    entries = batched.claim_deliveries("w1", limit=10, lease_seconds=20.0)
+    rows = single.dequeue("w1", limit=10, lease_seconds=20.0)
+    claims = [
+        single.try_claim_task(
+            row.task_id, expected_attempt_id=row.attempt_id, expected_generation=row.generation
+        )
+        for row in rows
+    ]
+    assert len(entries) == 6  # five roots and the recovered attempt of d
+    assert [
+        (e.delivery.node_index, e.delivery.priority, e.delivery.delivery_count, e.task is not None)
+        for e in entries
+    ] == [
+        (row.node_index, row.priority, row.delivery_count, won is not None)
+        for row, won in zip(rows, claims, strict=True)
+    ]
+    assert [e.delivery.lease_expires_at for e in entries] == [r.lease_expires_at for r in rows]
+    assert [e.task is None for e in entries].count(True) == 2
+    assert _states(batched, "run-1") == _states(single, "run-1")
+    for entry in entries:
+        if entry.task is not None:
+            assert entry.task == task(batched, entry.delivery.task_id)
+    # Both stores leave the same rows, all leased.
+    assert [(d.node_index, d.generation) for d in batched.list_deliveries("run-1")] == [
+        (d.node_index, d.generation) for d in single.list_deliveries("run-1")
+    ]
+    assert batched.dequeue("w2", limit=5, lease_seconds=1.0) == []
+    assert single.dequeue("w2", limit=5, lease_seconds=1.0) == []
+
+
+# --- complete_and_ack --------------------------------------------------------------
+
+
+def test_bq_11_complete_and_ack_completes_and_acks_in_request_order(
+    bq_store: BatchContractStore,
+) -> None:
+    store = bq_store
+    log = new_run(store, [root("a"), child("c", "a")])
+    (entry,) = _claim(store)
+    outputs = (
+        EmittedOutput(id="a-1", fields={"k": 1}, data={"path": "/a/1"}),
+        EmittedOutput(id="a-2", fields={"k": 2}, data={"path": "/a/2"}),
+    )
+    (outcome,) = store.complete_and_ack("w1", [_request(entry, outputs)])
+    result = _completed(outcome)
+    row = entry.delivery
+    assert (result.task_id, result.attempt_id, result.run_id) == (
+        row.task_id,
+        row.attempt_id,
+        "run-1",
+    )
+    assert (result.node_index, result.generation, result.launch_complete) == (0, 0, True)
+    assert task(store, row.task_id).status is TaskStatus.COMPLETED
+    assert store.get_output_ids("run-1", 0) == ("a-1", "a-2")
+    resolved = store.resolve_outputs("run-1", ("a-1", "a-2"))
+    assert dict(resolved["a-2"].fields) == {"k": 2}
+    assert dict(resolved["a-2"].data) == {"path": "/a/2"}
+    launch = launch_of(store, "run-1", 0)
+    assert launch is not None and launch.complete is True
+    assert store.list_deliveries("run-1") == []
+
+    # Two tasks of one launch in one call: the outcomes follow the request
+    # order (here the reverse of the lease order), and only the second
+    # completes the launch.
+    reconcile_run(store, "run-1", callbacks=log.callbacks)
+    entries = _claim(store)
+    assert len(entries) == 2 and all(e.task is not None for e in entries)
+    requests = [_request(entries[1], emit("c-x")), _request(entries[0], emit("c-y"))]
+    results = [_completed(o) for o in store.complete_and_ack("w1", requests)]
+    assert [r.task_id for r in results] == [q.task_id for q in requests]
+    assert [r.launch_complete for r in results] == [False, True]
+    assert store.get_output_ids("run-1", 1) == ("c-x", "c-y")
+    assert all(task(store, q.task_id).status is TaskStatus.COMPLETED for q in requests)
+    child_launch = launch_of(store, "run-1", 1)
+    assert child_launch is not None and child_launch.complete is True
+    assert store.list_deliveries("run-1") == []
+
+
+def test_bq_12_stale_completion_gives_none_and_its_row_is_still_acked(
+    bq_store: BatchContractStore,
+) -> None:
+    store = bq_store
+    new_run(store, [root("a")])
+    (entry,) = _claim(store, "w1")
+    recovered = recover_task(
+        store,
+        entry.delivery.task_id,
+        expected_attempt_id=entry.delivery.attempt_id,
+        expected_generation=0,
+    )
+    assert recovered is not None
+    assert store.complete_and_ack("w1", [_request(entry, emit("late"))]) == [None]
+    # Nothing was published and the task keeps its fresh attempt...
+    current = task(store, entry.delivery.task_id)
+    assert (current.status, current.attempt_id) == (
+        TaskStatus.QUEUED,
+        recovered.recovered_attempt_id,
+    )
+    assert store.get_output_ids("run-1", 0) == ()
+    assert dict(store.resolve_outputs("run-1", ("late",))) == {}
+    # ...but the completion did not raise, so the holder's old row is acked;
+    # only the fresh attempt's row is left.
+    (left,) = store.list_deliveries("run-1")
+    assert left.delivery_id != entry.delivery.delivery_id
+    assert left.attempt_id == recovered.recovered_attempt_id
+    assert store.ack(entry.delivery.delivery_id, "w1") is False
+
+
+def test_bq_13_exact_repeat_returns_the_first_result(bq_store: BatchContractStore) -> None:
+    """FN-06: a repeated completion, in the same call or a later one."""
+    store = bq_store
+    new_run(store, [root("a")])
+    (entry,) = _claim(store)
+    request = _request(entry, emit("first"))
+    first, repeat = store.complete_and_ack("w1", [request, request])
+    assert repeat == _completed(first)
+    later = replace(request, outputs=emit("second"))
+    assert store.complete_and_ack("w1", [later]) == [first]
+    assert store.get_output_ids("run-1", 0) == ("first",)
+    assert store.list_deliveries("run-1") == []
+
+
+def test_bq_14_refused_outputs_fail_only_their_request(bq_store: BatchContractStore) -> None:
+    store = bq_store
+    new_run(store, [root("a"), root("b"), root("c"), root("d")])
+    entries = _claim(store, "w1")
+    assert [e.delivery.node_index for e in entries] == [0, 1, 2, 3]
+    a, b, c, d = entries
+    refused_before = [task(store, e.delivery.task_id) for e in (b, c)]
+    outcomes = store.complete_and_ack(
+        "w1",
+        [
+            _request(a, emit("a-1")),
+            _request(b, emit("dup", "dup")),
+            # The ID a's completion took a moment ago, in the same call.
+            _request(c, emit("a-1")),
+            _request(d, emit("d-1")),
+        ],
+    )
+    assert len(outcomes) == 4
+    assert _completed(outcomes[0]).task_id == a.delivery.task_id
+    assert _completed(outcomes[3]).task_id == d.delivery.task_id
+    assert isinstance(outcomes[1], OutputPublicationError)
+    assert "duplicate output IDs" in str(outcomes[1])
+    assert isinstance(outcomes[2], OutputPublicationError)
+    assert "already exist" in str(outcomes[2])
+    # Nothing of the refused requests was written, and their rows stay leased.
+    assert [task(store, e.delivery.task_id) for e in (b, c)] == refused_before
+    assert [store.get_output_ids("run-1", i) for i in range(4)] == [("a-1",), (), (), ("d-1",)]
+    assert sorted(_row_ids(store)) == sorted([b.delivery.delivery_id, c.delivery.delivery_id])
+    assert store.dequeue("w2", limit=5, lease_seconds=30.0) == []
+    # The holder can still complete them with acceptable outputs.
+    again = store.complete_and_ack("w1", [_request(b, emit("b-1")), _request(c, emit("c-1"))])
+    assert [_completed(o).task_id for o in again] == [b.delivery.task_id, c.delivery.task_id]
+    assert store.list_deliveries("run-1") == []
+
+
+def test_bq_15_too_many_outputs_are_refused_per_request(
+    make_store: Callable[..., BatchContractStore], bq_clock: FakeClock
+) -> None:
+    store = make_store(clock=bq_clock, limits=Limits().with_(max_outputs_per_task_completion=2))
+    new_run(store, [root("a"), root("b")])
+    big, small = _claim(store, "w1")
+    outcomes = store.complete_and_ack(
+        "w1", [_request(big, emit("a1", "a2", "a3")), _request(small, emit("b1", "b2"))]
+    )
+    error = outcomes[0]
+    assert isinstance(error, OutputPublicationError)
+    assert error.limit == 2
+    assert _completed(outcomes[1]).launch_complete is True
+    assert task(store, big.delivery.task_id).status is TaskStatus.RUNNING
+    assert store.get_output_ids("run-1", 0) == ()
+    assert store.get_output_ids("run-1", 1) == ("b1", "b2")
+    assert _row_ids(store) == [big.delivery.delivery_id]
+
+
+def test_bq_16_completion_by_a_non_holder_applies_but_does_not_ack(
+    bq_store: BatchContractStore,
+) -> None:
+    store = bq_store
+    new_run(store, [root("a"), root("b")])
+    (held,) = _claim(store, "w1", limit=1)
+    # b is claimed without any lease: its row has no holder.
+    unleased = only_task(store, "run-1", 1)
+    claim(store, unleased)
+    (unleased_row,) = [r for r in store.list_deliveries("run-1") if r.task_id == unleased.task_id]
+    # As with ack: w2 does not hold w1's row.
+    assert store.ack(held.delivery.delivery_id, "w2") is False
+    outcomes = store.complete_and_ack(
+        "w2",
+        [
+            _request(held, emit("a-1")),
+            CompletionRequest(
+                task_id=unleased.task_id,
+                expected_attempt_id=unleased.attempt_id,
+                outputs=emit("b-1"),
+                delivery_id=unleased_row.delivery_id,
+            ),
+        ],
+    )
+    # The completions are fenced by attempt only, so they apply...
+    assert [_completed(o).task_id for o in outcomes] == [
+        held.delivery.task_id,
+        unleased.task_id,
+    ]
+    assert all(r.status is TaskStatus.COMPLETED for r in store.list_tasks("run-1"))
+    assert store.get_output_ids("run-1", 0) == ("a-1",)
+    # ...but neither row was removed: w2 holds neither lease.
+    assert sorted(_row_ids(store)) == sorted([held.delivery.delivery_id, unleased_row.delivery_id])
+    assert store.ack(held.delivery.delivery_id, "w1") is True
+    assert store.ack_delivery(unleased_row.delivery_id) is True
+    assert store.list_deliveries("run-1") == []
+
+
+def test_bq_17_empty_request_list_changes_nothing(bq_store: BatchContractStore) -> None:
+    store = bq_store
+    new_run(store, [root("a")])
+    (entry,) = _claim(store, "w1")
+    snapshot = fingerprint(store, "run-1")
+    assert store.complete_and_ack("w1", []) == []
+    assert fingerprint(store, "run-1") == snapshot
+    assert task(store, entry.delivery.task_id).status is TaskStatus.RUNNING
+    # The lease is untouched too.
+    assert store.dequeue("w2", limit=1, lease_seconds=1.0) == []
+    assert store.ack(entry.delivery.delivery_id, "w1") is True
+
+
+def test_bq_18_batched_worker_cycle_runs_a_chain_to_completion(
+    bq_store: BatchContractStore,
+) -> None:
+    store = bq_store
+    log = new_run(store, chain(3))
+    done: list[int] = []
+    while entries := _claim(store, "w1", limit=2):
+        requests = [_request(e, emit(f"out-{e.delivery.node_index}")) for e in entries]
+        assert all(e.task is not None for e in entries)
+        results = store.complete_and_ack("w1", requests)
+        done += [_completed(result).node_index for result in results]
+        reconcile_run(store, "run-1", callbacks=log.callbacks)
+    assert done == [0, 1, 2]
+    assert store.get_run_status("run-1") is RunStatus.COMPLETED
+    assert log.kinds() == ["completed"]
+    assert store.list_deliveries() == []
+
+
+def test_bq_19_budget_refusal_fails_only_its_request_and_sees_earlier_charges(
+    bq_store: BatchContractStore,
+) -> None:
+    store = bq_store
+    assert isinstance(store, DagBudgetStore)
+
+    def sized(output_id: str, width: int) -> tuple[EmittedOutput, ...]:
+        return (EmittedOutput(id=output_id, fields={}, data={"blob": "x" * width}),)
+
+    first, middle, last = sized("a-1", 100), sized("b-1", 150), sized("c-1", 100)
+    allowed = output_bytes(first) + output_bytes(last)
+    # The middle batch fits the budget alone, but not after the first one.
+    assert output_bytes(middle) <= allowed < output_bytes(first) + output_bytes(middle)
+    new_run(store, [root("a"), root("b"), root("c")], start=False)
+    assert store.try_set_run_budget("run-1", Budget(max_output_bytes=allowed))
+    start_run(store, "run-1", callbacks=CallbackLog().callbacks)
+    a, b, c = _claim(store, "w1")
+    outcomes = store.complete_and_ack(
+        "w1", [_request(a, first), _request(b, middle), _request(c, last)]
+    )
+    assert _completed(outcomes[0]).task_id == a.delivery.task_id
+    assert isinstance(outcomes[1], BudgetExhaustedError)
+    assert _completed(outcomes[2]).task_id == c.delivery.task_id
+    (usage,) = store.get_run_budget("run-1")
+    assert usage.used_output_bytes == allowed
+    assert task(store, b.delivery.task_id).status is TaskStatus.RUNNING
+    assert store.get_output_ids("run-1", 1) == ()
+    assert _row_ids(store) == [b.delivery.delivery_id]
+
+
+def test_bq_20_batches_spanning_runs_keep_lease_and_request_order(
+    bq_store: BatchContractStore,
+) -> None:
+    store = bq_store
+    new_run(store, [_node("a", 5), _node("b", 1)], run_id="run-1")
+    new_run(store, [_node("c", 3), _node("d", 0)], run_id="run-2")
+    entries = _claim(store, "w1")
+    # Lease order interleaves the runs; every claim is reported in place.
+    assert [(e.delivery.run_id, e.delivery.node_index) for e in entries] == [
+        ("run-1", 0),
+        ("run-2", 0),
+        ("run-1", 1),
+        ("run-2", 1),
+    ]
+    for entry in entries:
+        assert _claimed(entry) == task(store, entry.delivery.task_id)
+        assert entry.task is not None and entry.task.run_id == entry.delivery.run_id
+    a, c, b, d = entries
+    outcomes = store.complete_and_ack(
+        "w1",
+        [
+            _request(d, emit("d-1")),
+            _request(a, emit("x", "x")),
+            _request(c, emit("c-1")),
+            _request(b, emit("b-1")),
+        ],
+    )
+    assert _completed(outcomes[0]).task_id == d.delivery.task_id
+    assert isinstance(outcomes[1], OutputPublicationError)
+    assert _completed(outcomes[2]).task_id == c.delivery.task_id
+    assert _completed(outcomes[3]).task_id == b.delivery.task_id
+    assert _row_ids(store, "run-1") == [a.delivery.delivery_id]
+    assert store.list_deliveries("run-2") == []
+    assert task(store, a.delivery.task_id).status is TaskStatus.RUNNING
+    assert [store.get_output_ids("run-1", i) for i in (0, 1)] == [(), ("b-1",)]
+    assert [store.get_output_ids("run-2", i) for i in (0, 1)] == [("c-1",), ("d-1",)]
