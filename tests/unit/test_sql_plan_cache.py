@@ -3,11 +3,18 @@ validation returns, caches only successes, and stays bounded."""
 
 from __future__ import annotations
 
+import json
+from collections.abc import Callable
+from typing import Any
+
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from pydantic import ValidationError
 
 from dagwerk.backends.sql import _plans
-from dagwerk.models import TaskInputPlan
+from dagwerk.constants import InputRole
+from dagwerk.models import PlannedEdgeInput, TaskInputPlan
 
 
 def _text(generation: int, pad: str = "") -> str:
@@ -41,3 +48,90 @@ def test_large_plans_are_not_cached_and_the_cache_is_bounded(
         _plans.parse_plan(text)
     assert len(_plans._CACHE) <= 3
     assert texts[-1] in _plans._CACHE and texts[0] not in _plans._CACHE
+
+
+# --- plans rebuilt from the store's rows without re-validation ----------------------
+
+_scalars = st.one_of(
+    st.none(),
+    st.booleans(),
+    st.integers(min_value=-(10**12), max_value=10**12),
+    st.sampled_from([0.0, -0.0, 1.5, 1e-7]),
+    st.text(max_size=6),
+)
+_json = st.recursive(
+    _scalars,
+    lambda children: (
+        st.lists(children, max_size=3) | st.dictionaries(st.text(max_size=3), children, max_size=3)
+    ),
+    max_leaves=12,
+)
+_ids = st.lists(st.text(min_size=1, max_size=8), max_size=5, unique=True)
+
+
+@st.composite
+def _plans_strategy(draw: st.DrawFn) -> TaskInputPlan:
+    names = draw(st.lists(st.sampled_from(["a", "b", "in-1", "_x"]), max_size=3, unique=True))
+    edges = tuple(
+        PlannedEdgeInput(
+            edge=name,
+            source_index=draw(st.integers(0, 50)),
+            role=draw(st.sampled_from(list(InputRole))),
+            output_ids=tuple(draw(_ids)),
+        )
+        for name in names
+    )
+    parameters = draw(st.dictionaries(st.text(min_size=1, max_size=4), _json, max_size=3))
+    secrets = draw(
+        st.dictionaries(
+            st.text(min_size=1, max_size=4).filter(lambda k: k not in parameters),
+            st.text(min_size=1, max_size=4),
+            max_size=2,
+        )
+    )
+    return TaskInputPlan(
+        generation=draw(st.integers(0, 10**6)),
+        edges=edges,
+        parameters=parameters,
+        secret_refs=secrets,
+        correlation_id=draw(st.none() | st.text(min_size=1, max_size=8)),
+    )
+
+
+@settings(max_examples=200, deadline=None)
+@given(_plans_strategy())
+def test_a_rebuilt_plan_equals_the_validated_plan(plan: TaskInputPlan) -> None:
+    text = plan.model_dump_json()
+    rebuilt = _plans._trusted(text)
+    validated = TaskInputPlan.model_validate_json(text)
+    assert rebuilt == validated
+    assert rebuilt.model_dump_json() == text
+    assert type(rebuilt.parameters) is type(validated.parameters)
+    assert type(rebuilt.secret_refs) is type(validated.secret_refs)
+    assert all(type(e.role) is InputRole for e in rebuilt.edges)
+
+
+@pytest.mark.parametrize(
+    "edit",
+    [
+        lambda raw: raw["edges"][0].__setitem__("source_index", "0"),
+        lambda raw: raw["edges"][0].__setitem__("role", "sideways"),
+        lambda raw: raw["edges"][0].__setitem__("output_ids", "x"),
+        lambda raw: raw.__setitem__("generation", -1),
+        lambda raw: raw.__setitem__("extra", 1),
+        lambda raw: raw.__setitem__("schema_version", 2),
+        lambda raw: raw.__setitem__("parameters", []),
+    ],
+)
+def test_a_row_of_another_shape_is_fully_validated_and_refused(
+    edit: Callable[[dict[str, Any]], None],
+) -> None:
+    plan = TaskInputPlan(
+        generation=1,
+        edges=(PlannedEdgeInput(edge="a", source_index=0, role=InputRole.MAIN, output_ids=("x",)),),
+        parameters={},
+    )
+    raw = json.loads(plan.model_dump_json())
+    edit(raw)
+    with pytest.raises(ValidationError):
+        _plans._trusted(json.dumps(raw))

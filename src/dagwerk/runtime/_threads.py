@@ -64,7 +64,7 @@ class _Pool:
         self.lock = threading.Lock()
         self.idle: list[_Slot] = []
 
-    def spawn(self, target: Callable[[], object], name: str) -> JobHandle:
+    def spawn(self, target: Callable[[], object], name: str, wait_started: bool) -> JobHandle:
         handle = JobHandle()
         with self.lock:
             slot = self.idle.pop() if self.idle else None
@@ -81,7 +81,8 @@ class _Pool:
         # Like Thread.start: return once the job's thread is running it, so
         # the caller's next steps happen after the job began (tests and the
         # worker rely on a watcher being in place before the plugin starts).
-        handle._started.wait()
+        if wait_started:
+            handle._started.wait()
         return handle
 
     def _serve(self, slot: _Slot) -> None:
@@ -129,6 +130,10 @@ if hasattr(os, "register_at_fork"):
     os.register_at_fork(after_in_child=_reset_after_fork)
 
 
-def spawn(target: Callable[[], object], name: str) -> JobHandle:
-    """Run ``target`` on an idle pooled daemon thread, or on a new one."""
-    return _POOL.spawn(target, name)
+def spawn(target: Callable[[], object], name: str, *, wait_started: bool = True) -> JobHandle:
+    """Run ``target`` on an idle pooled daemon thread, or on a new one.
+
+    With ``wait_started=False`` it returns at once instead of waiting, like
+    ``Thread.start`` does, until the thread has begun running ``target``.
+    """
+    return _POOL.spawn(target, name, wait_started)

@@ -228,7 +228,10 @@ class AdvancementActor:
                     break
                 if not self._has_demand():
                     self._wake.clear()
-                    self._clock.wait(self._wake, None)
+                    # A stop between the state check and the clear would be
+                    # lost with the cleared wake: look again after clearing.
+                    if self._state is ActorState.RUNNING:
+                        self._clock.wait(self._wake, None)
                     continue
                 self.steps_in_flight += 1
                 self.max_steps_in_flight = max(self.max_steps_in_flight, self.steps_in_flight)
@@ -246,6 +249,8 @@ class AdvancementActor:
                     continue
                 self._settle_observers()
                 self._wake.clear()
+                if self._state is not ActorState.RUNNING:
+                    break
                 self._clock.wait(self._wake, delay)
                 backoff = min(backoff * 2, self._idle_max)
         finally:

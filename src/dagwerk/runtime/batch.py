@@ -31,7 +31,7 @@ from dagwerk.constants import RunStatus
 from dagwerk.errors import DagwerkError
 from dagwerk.runtime.attempts import Attempt, BatchReads
 from dagwerk.runtime.budget_guard import check_output_limit
-from dagwerk.runtime.executors import ExecutionOutcome, OutcomeKind
+from dagwerk.runtime.executors import AttemptJob, ExecutionOutcome, OutcomeKind, ThreadExecutor
 from dagwerk.store import (
     BatchQueueStore,
     ClaimedDelivery,
@@ -92,12 +92,14 @@ def _run_claimed(worker: Worker, claimed: list[ClaimedDelivery]) -> None:
             attempts.append(attempt)
     for attempt in attempts:
         worker._register(attempt)
+        worker.monitor.add(attempt)
     try:
         runnable = _still_running(worker, attempts)
         outcomes = _execute_all(worker, runnable)
         _settle_all(worker, runnable, outcomes)
     finally:
         for attempt in attempts:
+            worker.monitor.remove(attempt)
             worker._unregister(attempt)
 
 
@@ -130,9 +132,13 @@ def _still_running(worker: Worker, attempts: list[Attempt]) -> list[Attempt]:
 
 
 def _execute_all(worker: Worker, attempts: list[Attempt]) -> list[ExecutionOutcome | Exception]:
+    executor = worker.executor
+    if type(executor) is ThreadExecutor and attempts:
+        return _execute_threaded(worker, executor, attempts)
+
     def run(attempt: Attempt) -> ExecutionOutcome | Exception:
         try:
-            return worker._run(attempt)
+            return worker._run(attempt, watch=False)
         except Exception as exc:
             return exc
 
@@ -142,6 +148,31 @@ def _execute_all(worker: Worker, attempts: list[Attempt]) -> list[ExecutionOutco
     # The loop thread runs one attempt itself rather than idle.
     first = run(attempts[0])
     return [first, *(future.result() for future in futures)]
+
+
+def _execute_threaded(
+    worker: Worker, executor: ThreadExecutor, attempts: list[Attempt]
+) -> list[ExecutionOutcome | Exception]:
+    """The built-in thread executor runs the whole batch: one plugin thread
+    per attempt, supervised by the loop thread (no thread per attempt waits)."""
+    results: list[ExecutionOutcome | Exception | None] = []
+    jobs: list[AttemptJob] = []
+    for attempt in attempts:
+        try:
+            ctx = worker._start_attempt(attempt)
+        except Exception as exc:  # e.g. a failing secret resolver: this attempt only
+            results.append(exc)
+            continue
+        results.append(None)
+        jobs.append(
+            AttemptJob(attempt.spec.fn, attempt.inputs, ctx, attempt.timeout, attempt.entry.signal)
+        )
+    try:
+        outcomes = iter(executor.execute_many(jobs, clock=worker.clock))
+    finally:
+        for attempt in attempts:
+            attempt.entry.done.set()
+    return [next(outcomes) if result is None else result for result in results]
 
 
 def _settle_all(

@@ -25,7 +25,7 @@ import dataclasses
 import inspect
 import multiprocessing
 import threading
-from collections.abc import Callable, Coroutine
+from collections.abc import Callable, Coroutine, Sequence
 from dataclasses import dataclass
 from enum import StrEnum
 from multiprocessing.connection import Connection
@@ -41,6 +41,7 @@ from dagwerk.runtime.plugins import PluginFn, normalize_outputs
 
 __all__ = [
     "AsyncExecutor",
+    "AttemptJob",
     "AttemptSignal",
     "ExecutionOutcome",
     "Executor",
@@ -227,6 +228,82 @@ class ThreadExecutor:
         # start-up cost per attempt (see runtime/_threads.py).
         spawn(body, name=f"dagwerk-attempt-{ctx.task_id}")
         return _await_settlement(settlement, signal, timeout, clock)
+
+    def execute_many(self, jobs: Sequence[AttemptJob], *, clock: Clock) -> list[ExecutionOutcome]:
+        """:meth:`execute` for several attempts at once, supervised by the
+        calling thread: each plugin runs on its own pooled daemon thread, and
+        the caller waits until every attempt is settled by its result, its
+        deadline (settled as a timeout before the abort fires, WK-10) or its
+        abort signal. Outcomes in job order."""
+        wake = threading.Event()
+        settlements: list[_Settlement] = []
+        deadlines: list[float | None] = []
+        start = clock.monotonic()
+        for job in jobs:
+            settlement = _Settlement(wake)
+            settlements.append(settlement)
+            deadlines.append(None if job.timeout is None else start + job.timeout)
+            early = _pre_aborted(job.signal)
+            if early is not None:
+                settlement.claim(early)
+                continue
+            job.signal.bind(_claim_cancelled(settlement))
+            spawn(
+                _attempt_body(job, settlement),
+                name=f"dagwerk-attempt-{job.ctx.task_id}",
+                wait_started=False,
+            )
+        while True:
+            now = clock.monotonic()
+            for i, settlement in enumerate(settlements):
+                deadline = deadlines[i]
+                if settlement.outcome is None and deadline is not None and deadline <= now:
+                    # Settled as a timeout first, then aborted at once (WK-10).
+                    detail = f"timeout {jobs[i].timeout}s"
+                    if settlement.claim(ExecutionOutcome(OutcomeKind.TIMEOUT, detail=detail)):
+                        jobs[i].signal.fire(detail)
+            pending = [i for i, settlement in enumerate(settlements) if settlement.outcome is None]
+            if not pending:
+                break
+            remaining = [d - now for i in pending if (d := deadlines[i]) is not None]
+            clock.wait(wake, min(remaining) if remaining else None)
+            wake.clear()
+        outcomes: list[ExecutionOutcome] = []
+        for job, settlement in zip(jobs, settlements, strict=True):
+            outcome = settlement.outcome
+            assert outcome is not None
+            if outcome.kind is OutcomeKind.CANCELLED:
+                job.signal.fire(outcome.detail or outcome.kind.value)
+            outcomes.append(outcome)
+        return outcomes
+
+
+@dataclass(frozen=True, slots=True)
+class AttemptJob:
+    """One attempt for :meth:`ThreadExecutor.execute_many`."""
+
+    fn: PluginFn
+    inputs: TaskInputs
+    ctx: TaskContext
+    timeout: float | None
+    signal: AttemptSignal
+
+
+def _claim_cancelled(settlement: _Settlement) -> Callable[[str], object]:
+    return lambda reason: settlement.claim(_cancelled(reason))
+
+
+def _attempt_body(job: AttemptJob, settlement: _Settlement) -> Callable[[], None]:
+    def call() -> Any:
+        result = job.fn(job.inputs, job.ctx)
+        if inspect.isawaitable(result):
+            return asyncio.run(_as_coroutine(result))
+        return result
+
+    def body() -> None:
+        settlement.claim(_outcome_of_call(call, job.ctx.task_id))
+
+    return body
 
 
 async def _as_coroutine(awaitable: Any) -> Any:

@@ -71,6 +71,7 @@ from dagwerk.runtime.executors import (
     OutcomeKind,
     make_executor,
 )
+from dagwerk.runtime.monitor import AttemptMonitor
 from dagwerk.runtime.observer import WorkerObserver, notify
 from dagwerk.runtime.plugins import PluginFn, PluginRegistry, PluginSpec
 from dagwerk.runtime.retry_policy import RetryPolicy
@@ -225,6 +226,7 @@ class Worker:
             )
         self._pool = ThreadPoolExecutor(max_workers=concurrency, thread_name_prefix="dagwerk-w")
         self._running: dict[str, Running] = {}
+        self.monitor = AttemptMonitor(self)
         self._running_lock = threading.Lock()
         self.reports: list[DeliveryReport] = []
         self._stopped = False
@@ -253,6 +255,7 @@ class Worker:
         for entry in running:
             entry.signal.fire("worker stopping")
         self.actor.stop(timeout)
+        self.monitor.stop()
         self._pool.shutdown(wait=True)
 
     def wait_for_run(self, run_id: str, timeout: float | None = None) -> RunStatus:
@@ -288,6 +291,8 @@ class Worker:
         for work) and handle them; the number leased. With nothing to lease it
         settles dead-lettered tasks and runs the throttled idle sweep, and
         returns the number of tasks the sweep requeued."""
+        if self._stopped:
+            return 0  # admission is closed: nothing more is leased
         if self._batch_store is not None:
             leased = process_batch(self, self._batch_store, wait_seconds)
             if leased is not None:
@@ -468,34 +473,45 @@ class Worker:
         with self._running_lock:
             self._running.pop(attempt.delivery.delivery_id, None)
 
-    def _run(self, attempt: Attempt) -> ExecutionOutcome:
-        """Run the plugin with its deadline while a watcher follows the run."""
-        delivery, entry = attempt.delivery, attempt.entry
+    def _start_attempt(self, attempt: Attempt) -> TaskContext:
+        """The attempt's context, announced to the observers as started."""
         attempt.ctx = self._context(
-            delivery,
+            attempt.delivery,
             attempt.node,
             attempt.task.resumed_from_wait_id,
             attempt=attempt.task.attempt_number,
-            entry=entry,
+            entry=attempt.entry,
             bound=attempt.bound,
         )
-        watcher = spawn(
-            lambda: self._watch(delivery, entry, attempt.bound),
-            name=f"dagwerk-watch-{delivery.task_id}",
+        notify(self.observers, "task_started", attempt.delivery, attempt.node)
+        return attempt.ctx
+
+    def _run(self, attempt: Attempt, *, watch: bool = True) -> ExecutionOutcome:
+        """Run the plugin with its deadline while a watcher follows the run
+        (its own watcher thread; ``watch=False``: the worker's monitor)."""
+        delivery, entry = attempt.delivery, attempt.entry
+        ctx = self._start_attempt(attempt)
+        watcher = (
+            spawn(
+                lambda: self._watch(delivery, entry, attempt.bound),
+                name=f"dagwerk-watch-{delivery.task_id}",
+            )
+            if watch
+            else None
         )
-        notify(self.observers, "task_started", delivery, attempt.node)
         try:
             return self.executor.execute(
                 attempt.spec.fn,
                 attempt.inputs,
-                attempt.ctx,
+                ctx,
                 timeout=attempt.timeout,
                 signal=entry.signal,
                 clock=self.clock,
             )
         finally:
             entry.done.set()
-            watcher.join()
+            if watcher is not None:
+                watcher.join()
 
     def _handle_settle(self, attempt: Attempt, outcome: ExecutionOutcome) -> None:
         """:meth:`_settle_attempt`; an error is handled as :meth:`_handle` does."""

@@ -78,6 +78,28 @@ def delivery_record(row: Row) -> Delivery:
     )
 
 
+def _routing_size(output: EmittedOutput, correlation: str | None, limit: int) -> tuple[int, str]:
+    """The canonical JSON size of ``{"correlation_id", "fields", "id"}``, and
+    the compact text of the fields.
+
+    JSON size does not depend on key order, and the compact text of the
+    fields (already bounded by the output's own validation) has the
+    canonical size, so the size is measured on the text the completion writes
+    anyway instead of walking the value again. A value with no JSON text
+    takes the bounded walk, which raises the typed error.
+    """
+    wire = {"correlation_id": correlation, "fields": output.fields, "id": output.id}
+    try:
+        fields = dumps(output.fields)
+        head = json.dumps(correlation, ensure_ascii=False)
+        tail = json.dumps(output.id, ensure_ascii=False)
+        text = f'{{"correlation_id":{head},"fields":{fields},"id":{tail}}}'
+        return len(text.encode("utf-8")), fields
+    except (TypeError, ValueError):
+        bounded_json_size(wire, limit + 1)
+        raise
+
+
 def _data_text(output: EmittedOutput) -> str:
     try:
         return json.dumps(dict(output.data), separators=(",", ":"), allow_nan=False)
@@ -272,10 +294,7 @@ class TasksMixin(SqlStoreBase):
                     f"cannot derive the correlation of output {output.id!r}: {exc}",
                     field="outputs",
                 ) from exc
-            size = bounded_json_size(
-                {"correlation_id": correlation, "fields": output.fields, "id": output.id},
-                limit + 1,
-            )
+            size, fields = _routing_size(output, correlation, limit)
             total += size
             if total > limit:
                 validate_output_batch_routing_size(total, limit=limit)
@@ -284,7 +303,7 @@ class TasksMixin(SqlStoreBase):
                     "run_id": run_id,
                     "output_id": output.id,
                     "node_index": task["node_index"],
-                    "fields": dumps(output.fields),
+                    "fields": fields,
                     "data": _data_text(output),
                     "correlation_id": correlation,
                     "routing_size": size,
