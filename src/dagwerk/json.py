@@ -51,6 +51,18 @@ class FrozenDict(Mapping[str, JsonValue]):
             values = {}
         elif not isinstance(values, Mapping):
             raise JsonLimitError("value must be a JSON object", code="json_invalid")
+        if type(values) is dict and len(values) <= MAX_JSON_KEYS:
+            # The common case (a flat object of plain scalars, e.g. the fields
+            # of an output) needs no recursive walk; the counts are those the
+            # walk records: one key and one value per member, depth 1.
+            flat = _flat_copy(values)
+            if flat is not None:
+                n = len(flat)
+                object.__setattr__(self, "_data", flat)
+                object.__setattr__(self, "_keys", n)
+                object.__setattr__(self, "_values", n)
+                object.__setattr__(self, "_depth", 1 if n else 0)
+                return
         frozen = _freeze(values, 1, _Counter())
         assert isinstance(frozen, FrozenDict)
         for name in self.__slots__:
@@ -142,6 +154,26 @@ class _Counter:
         self.keys = 0
         self.values = 0
         self.depth = 0  # deepest absolute container level seen so far
+
+
+def _flat_copy(values: dict[Any, object]) -> dict[str, JsonValue] | None:
+    """A copy of ``values`` if every key is a ``str`` and every value a plain
+    JSON scalar (exact ``str``, ``int``, ``bool``, ``None`` or finite
+    ``float``); ``None`` otherwise (the caller then walks it)."""
+    data: dict[str, JsonValue] = {}
+    for key, item in values.items():
+        if type(key) is not str:
+            return None
+        if isinstance(item, float):
+            if type(item) is not float or not math.isfinite(item):
+                return None
+        elif not (item is None or type(item) in _PLAIN_SCALARS):
+            return None
+        data[key] = item  # type: ignore[assignment]
+    return data
+
+
+_PLAIN_SCALARS = (str, int, bool)
 
 
 def _freeze(value: object, depth: int, counter: _Counter) -> JsonValue:

@@ -511,3 +511,43 @@ def test_js_03_freeze_and_thaw_round_trip(value: object) -> None:
     assert json_representations_equal(refrozen, frozen)
     assert freeze_json(frozen) == frozen
     assert canonical_json_bytes(frozen) == _expected_canonical(value)
+
+
+# --- the flat-object fast path of FrozenDict (issue 9) ---------------------------------
+
+
+class _Str(str):
+    pass
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    st.dictionaries(
+        st.text(max_size=4),
+        st.one_of(
+            st.none(),
+            st.booleans(),
+            st.integers(),
+            st.floats(),
+            st.text(max_size=4),
+            st.lists(st.integers(), max_size=2),
+            st.builds(_Str, st.text(max_size=2)),
+        ),
+        max_size=6,
+    )
+)
+def test_a_flat_object_freezes_exactly_as_the_walk_does(values: dict[str, Any]) -> None:
+    from dagwerk import json as dj
+
+    try:
+        walked = dj._freeze(values, 1, dj._Counter())
+    except JsonLimitError:
+        with pytest.raises(JsonLimitError):
+            FrozenDict(values)
+        return
+    fast = FrozenDict(values)
+    assert isinstance(walked, FrozenDict)
+    for slot in ("_keys", "_values", "_depth"):
+        assert getattr(fast, slot) == getattr(walked, slot)
+    assert fast._data == walked._data
+    assert [type(v) for v in fast._data.values()] == [type(v) for v in walked._data.values()]

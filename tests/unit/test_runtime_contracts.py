@@ -73,7 +73,7 @@ def test_wk_01_a_lease_held_elsewhere_is_contention_not_an_error(tmp_path: Path)
     (held,) = store.dequeue("other", limit=1, lease_seconds=5)
     worker = _worker(store, {"p": lambda i, c: ran.append(c.attempt)}, clock, tmp_path)
     assert worker.process_once() == 0  # processed: false, and no error
-    assert worker.reports == [] and ran == []
+    assert list(worker.reports) == [] and ran == []
     assert store.get_run_status("run") is RunStatus.RUNNING
     # Once the holder releases the lease the same delivery is processed.
     assert store.nack(held.delivery_id, "other")
@@ -185,7 +185,7 @@ def test_wk_05_a_live_owners_task_is_untouched_by_another_worker(tmp_path: Path)
     runner = _in_thread(owner.run_until_idle)
     assert entered.wait(WAIT)
     assert other.process_once() == 0
-    assert other.reports == [] and other.sweeper.reports == []
+    assert list(other.reports) == [] and other.sweeper.reports == []
     release.set()
     runner.join(WAIT)
     assert attempts == [1]

@@ -261,3 +261,20 @@ def test_worker_serves_only_its_queues(tmp_path: Path, queue: str) -> None:
     worker.run_until_idle()
     expected = RunStatus.COMPLETED if queue == "gpu" else RunStatus.RUNNING
     assert store.get_run_status("run") is expected
+
+
+def test_a_worker_keeps_only_its_latest_reports(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import dagwerk.runtime.worker as worker_module
+
+    monkeypatch.setattr(worker_module, "REPORTS_KEPT", 3)
+    clock = FakeClock()
+    store = MemoryStore(clock=clock.time)
+    _start(store, "run", [DagNode(slug=f"n{i}", plugin="p") for i in range(5)])
+    worker = _worker(store, {"p": lambda i, c: None}, clock, tmp_path)
+    worker.run_until_idle()
+    assert store.get_run_status("run") is RunStatus.COMPLETED
+    assert len(worker.reports) == 3
+    done = {t.task_id for t in store.list_tasks("run")}
+    assert {r.task_id for r in worker.reports} <= done

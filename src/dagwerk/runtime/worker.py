@@ -29,6 +29,7 @@ import logging
 import random
 import threading
 import uuid
+from collections import deque
 from collections.abc import Callable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -89,6 +90,9 @@ __all__ = [
 ]
 
 _LOG = logging.getLogger("dagwerk.runtime.worker")
+
+REPORTS_KEPT = 10_000
+"""How many of its latest :class:`DeliveryReport` a worker keeps in ``reports``."""
 
 SecretResolver = Callable[[str, str], Mapping[str, str]]
 """``(run_id, plugin_name) -> secrets`` handed to the task as ``ctx.secrets``."""
@@ -228,7 +232,9 @@ class Worker:
         self._running: dict[str, Running] = {}
         self.monitor = AttemptMonitor(self)
         self._running_lock = threading.Lock()
-        self.reports: list[DeliveryReport] = []
+        # The latest reports only: a long-lived worker must not grow with
+        # every delivery it ever handled.
+        self.reports: deque[DeliveryReport] = deque(maxlen=REPORTS_KEPT)
         self._stopped = False
         self.actor = AdvancementActor(
             self._step,

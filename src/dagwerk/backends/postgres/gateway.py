@@ -1,15 +1,20 @@
-"""The PostgreSQL gateway: a connection pool, named queries, transactions, errors.
+"""The PostgreSQL gateway: named queries, pipelined transactions, errors.
 
-This module and :mod:`~dagwerk.backends.postgres.errors` are the only places
-that talk to :mod:`psycopg`. Write transactions run at READ COMMITTED and take
-the row locks their lock preludes name (see ``queries.sql``); read
-transactions are REPEATABLE READ READ ONLY snapshots. A connection found dead
-when a transaction begins is replaced and the transaction begun again; a
-connection lost inside a read is replaced and the read replayed on a fresh
-snapshot (accepted only if every statement replayed returns what it returned
-before); a connection lost inside a write surfaces as
-:class:`~dagwerk.backends.errors.StoreUnavailableError`, because the body of
-a write cannot be run twice.
+This module, :mod:`~dagwerk.backends.postgres._pool` and
+:mod:`~dagwerk.backends.postgres.errors` are the only places that talk to
+:mod:`psycopg`. Write transactions run at READ COMMITTED and take the row
+locks their lock preludes name (see ``queries.sql``); read transactions are
+REPEATABLE READ READ ONLY snapshots. Statements are pipelined, so a
+transaction costs one round trip per statement whose result it needs plus
+one for a write's ``COMMIT`` (see :class:`_Tx`).
+
+A connection lost before the server acknowledged anything of a transaction
+is replaced and the transaction begun again; a connection lost inside a
+read is replaced and the read replayed on a fresh snapshot (accepted only
+if every statement replayed returns what it returned before); a connection
+lost inside a write surfaces as
+:class:`~dagwerk.backends.errors.StoreUnavailableError`, because the body
+of a write cannot be run twice.
 """
 
 from __future__ import annotations
@@ -25,12 +30,12 @@ from pathlib import Path
 from typing import Any
 
 import psycopg
-import psycopg_pool
 from psycopg.rows import dict_row
 
 from dagwerk.backends.errors import StoreUnavailableError
 from dagwerk.backends.sql.gateway import Params, Row, load_queries
 
+from ._pool import Conn, Connections, Parked, enter_pipeline, leave_pipeline, send_sync
 from .errors import check_params, is_connection_error, translate_error
 
 __all__ = [
@@ -53,8 +58,6 @@ _JSON_PARAM = re.compile(r"CAST\(:([A-Za-z_]\w*) AS jsonb\)")
 
 _BEGIN_WRITE = b"BEGIN ISOLATION LEVEL READ COMMITTED"
 _BEGIN_READ = b"BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY"
-
-Conn = psycopg.Connection[dict[str, Any]]
 
 
 @dataclass(frozen=True, slots=True)
@@ -95,45 +98,133 @@ QUERIES: dict[str, Statement] = {
 
 
 class _Tx:
-    """One open transaction on a pooled connection.
+    """One transaction on a pooled connection, its statements pipelined.
 
-    A read transaction records each statement and its result, so that after a
-    lost connection the gateway can replay them on a new snapshot.
+    Nothing is sent when the transaction opens. Its ``BEGIN`` travels in the
+    flight of its first statement, a block's lock preludes in the flight of
+    the block, and a write's ``COMMIT`` in a flight of its own; a flight is
+    one round trip (the statements go out back to back in pipeline mode and
+    one Sync collects their results). :meth:`send` and :meth:`many` do not
+    wait: their results, and errors, come with the next flight, at the
+    latest the ``COMMIT``'s, so a failed statement still fails the
+    transaction with its own typed error before anything commits. A read
+    sends its ``COMMIT`` without waiting (see :meth:`commit`).
+
+    A connection lost before the server acknowledged anything of the
+    transaction is replaced and the flight sent again: no ``COMMIT`` was
+    sent, so nothing of it can have committed. A read records each
+    statement and its result, so that after a connection lost later it can
+    replay them on a new snapshot.
     """
 
-    __slots__ = ("_conn", "_gateway", "_journal", "_write")
+    __slots__ = (
+        "_begun",
+        "_conn",
+        "_deadline",
+        "_deferred",
+        "_gateway",
+        "_journal",
+        "_pipeline",
+        "_sent",
+        "_settling",
+        "_write",
+    )
 
-    def __init__(self, gateway: PostgresGateway, conn: Conn, *, write: bool) -> None:
+    def __init__(self, gateway: PostgresGateway, conn: Conn | Parked, *, write: bool) -> None:
         self._gateway = gateway
-        self._conn = conn
         self._write = write
         self._journal: list[tuple[str, str, Params | None, object]] = []
+        self._deadline = time.monotonic() + gateway.reconnect_timeout
+        # _sent: BEGIN has gone out; _begun: the server acknowledged it and
+        # everything sent with it. _deferred: blocks sent since the last
+        # flight, whose results are still due.
+        self._sent = False
+        self._begun = False
+        self._deferred: list[str] = []
+        self._pipeline: psycopg.Pipeline | None = None
+        # The COMMIT of the read that parked this connection; the first
+        # flight collects its acknowledgement.
+        self._settling: psycopg.Cursor[dict[str, Any]] | None = None
+        self._conn = self._adopt(conn)
 
-    def _cursor(self, name: str, params: Params | None) -> psycopg.Cursor[dict[str, Any]]:
+    def _adopt(self, conn: Conn | Parked) -> Conn:
+        if isinstance(conn, Parked):
+            self._pipeline, self._settling = conn.pipeline, conn.commit
+            return conn.conn
+        return conn
+
+    # -- pipeline mode ----------------------------------------------------------------
+
+    def _pipelined(self) -> Conn:
+        if self._pipeline is None:
+            self._pipeline = enter_pipeline(self._conn)
+        return self._conn
+
+    def _unpipe(self) -> None:
+        """Leave pipeline mode: one Sync collects every result still due and
+        raises the first error among them."""
+        pipeline, self._pipeline = self._pipeline, None
+        if pipeline is not None:
+            leave_pipeline(self._conn, pipeline)
+
+    def _drop_pipe(self) -> None:
+        with suppress(psycopg.Error):
+            self._unpipe()
+
+    # -- flights ----------------------------------------------------------------------
+
+    def _send_begin(self) -> Conn:
+        """The connection in pipeline mode, ``BEGIN`` queued if not sent yet."""
+        conn = self._pipelined()
+        if not self._sent:
+            begin = _BEGIN_WRITE if self._write else _BEGIN_READ
+            conn.execute(begin, prepare=False)
+            self._sent = True
+        return conn
+
+    def _send(self, name: str, params: Params | None) -> psycopg.Cursor[dict[str, Any]]:
+        """Queue ``BEGIN`` (the first time), the block's lock preludes (in a
+        write) and its main statement; the main statement's cursor."""
         statement = QUERIES[name]
         values = params or {}
         check_params(name, values, statement.json_params)
-        cursor = self._conn.cursor()
+        conn = self._send_begin()
         if self._write:
             for prelude in statement.preludes:
-                cursor.execute(prelude, values)
-        cursor.execute(statement.main, values)
-        return cursor
+                conn.execute(prelude, values)
+        return conn.execute(statement.main, values)
 
-    def _call(self, kind: str, name: str, params: Params | None) -> Any:
-        try:
-            return self._dispatch(kind, name, params)
-        except psycopg.Error as exc:
-            if self._write or not is_connection_error(exc, self._conn):
-                raise translate_error(exc, f"query {name!r} failed") from exc
-            self._conn = self._gateway.reopen_read(self._conn, self._journal, exc)
-            try:
-                return self._dispatch(kind, name, params)
-            except psycopg.Error as again:
-                raise translate_error(again, f"query {name!r} failed") from again
+    def _sync(self) -> None:
+        """Wait for every result sent so far: one round trip."""
+        pipeline = self._pipeline
+        assert pipeline is not None
+        pipeline.sync()
+        self._begun = True
+        self._settling = None
+        self._deferred.clear()
 
-    def _dispatch(self, kind: str, name: str, params: Params | None) -> Any:
-        cursor = self._cursor(name, params)
+    def _flight(
+        self, kind: str, name: str, params: Params | None, rows: list[Params] | None = None
+    ) -> Any:
+        """Send one block; wait for its result unless ``kind`` is ``send`` or
+        ``many``, which wait only as the transaction's first flight (so that
+        a connection lost there still means that nothing of it ran)."""
+        if kind in ("send", "many"):
+            if kind == "many":
+                with self._send_begin().cursor() as cursor:
+                    cursor.executemany(QUERIES[name].main, rows or [])
+            else:
+                self._send(name, params)
+            self._deferred.append(name)
+            if not self._begun:
+                self._sync()
+            return None
+        if kind == "begin":
+            self._send_begin()
+            self._sync()
+            return None
+        cursor = self._send(name, params)
+        self._sync()
         result: object
         if kind == "one":
             result = cursor.fetchone()
@@ -145,13 +236,72 @@ class _Tx:
             self._journal.append((kind, name, params, result))
         return result
 
-    def replay(self, journal: list[tuple[str, str, Params | None, object]]) -> bool:
-        """Run ``journal`` again on this (fresh) transaction; True iff every
-        statement returns what it returned before."""
-        for kind, name, params, result in journal:
-            if self._dispatch(kind, name, params) != result:
-                return False
-        return True
+    def _attempt(
+        self, kind: str, name: str, params: Params | None, rows: list[Params] | None = None
+    ) -> Any:
+        """:meth:`_flight`, sent again on another connection while the server
+        has acknowledged nothing of this transaction and the connection is
+        lost, or the ``COMMIT`` of the read that parked it failed (the
+        connection is thrown away with whatever the flight began on it,
+        which had not committed)."""
+        while True:
+            fresh = not self._begun
+            settling = self._settling
+            try:
+                return self._flight(kind, name, params, rows)
+            except psycopg.Error as exc:
+                stale = settling is not None and settling.pgresult is None
+                if (
+                    not fresh
+                    or not (stale or is_connection_error(exc, self._conn))
+                    or time.monotonic() >= self._deadline
+                ):
+                    raise
+                self._replace_connection()
+
+    def _replace_connection(self) -> None:
+        self._drop_pipe()
+        self._settling = None
+        self._sent = self._begun = False
+        self._deferred.clear()
+        connections = self._gateway.connections
+        connections.discard(self._conn)
+        self._conn = self._adopt(connections.acquire(self._deadline))
+
+    def _context(self, name: str | None) -> str:
+        names = list(dict.fromkeys([*self._deferred, *([name] if name else [])]))
+        if not names:
+            return "commit failed"
+        return "query " + " or ".join(repr(n) for n in names) + " failed"
+
+    def _call(
+        self, kind: str, name: str, params: Params | None, rows: list[Params] | None = None
+    ) -> Any:
+        try:
+            return self._attempt(kind, name, params, rows)
+        except psycopg.Error as exc:
+            if self._write or not is_connection_error(exc, self._conn):
+                raise translate_error(exc, self._context(name)) from exc
+            cause = exc
+        # A read lost its connection after its snapshot began: replay what it
+        # has seen on a new snapshot, and go on only if nothing changed.
+        journal, self._journal = self._journal, []
+        self._deadline = time.monotonic() + self._gateway.reconnect_timeout
+        self._replace_connection()
+        try:
+            for kind_seen, name_seen, params_seen, result in journal:
+                if self._attempt(kind_seen, name_seen, params_seen) != result:
+                    raise StoreUnavailableError(
+                        "the connection was lost during a read and the data changed before it "
+                        "could be repeated; retry the call"
+                    ) from cause
+            return self._attempt(kind, name, params, rows)
+        except psycopg.Error as again:
+            raise translate_error(
+                again, f"query {name!r} failed after a lost connection"
+            ) from again
+
+    # -- the Tx protocol ------------------------------------------------------------------
 
     def one(self, name: str, params: Params | None = None) -> Row | None:
         row: Row | None = self._call("one", name, params)
@@ -165,18 +315,96 @@ class _Tx:
         count: int = self._call("run", name, params)
         return count
 
+    def send(self, name: str, params: Params | None = None) -> None:
+        """Execute a block (with its lock preludes) whose row count the caller
+        does not need, without waiting: it travels with the next flight, and
+        an error it raises is raised by that flight's call (at the latest the
+        commit) with the same type, before anything commits."""
+        self._call("send", name, params)
+
     def many(self, name: str, rows: Iterable[Params]) -> None:
+        """Execute a statement once per parameter set, without waiting (as
+        :meth:`send`)."""
         statement = QUERIES[name]
         if statement.preludes:
             raise ValueError(f"query {name!r} has a lock prelude; run it with run()")
         checked = [_checked(statement, row) for row in rows]
         if not checked:
             return
+        self._call("many", name, None, checked)
+
+    # -- ending ---------------------------------------------------------------------------
+
+    def plain(self) -> Conn:
+        """The connection out of pipeline mode, inside this transaction (for a
+        multi-statement script, which pipeline mode cannot carry)."""
         try:
-            with self._conn.cursor() as cursor:
-                cursor.executemany(statement.main, checked)
+            if not self._begun:
+                self._attempt("begin", "", None)
+            self._unpipe()
         except psycopg.Error as exc:
-            raise translate_error(exc, f"query {name!r} failed") from exc
+            raise translate_error(exc, self._context(None)) from exc
+        return self._conn
+
+    def commit(self) -> None:
+        """Commit and give the connection back.
+
+        A write waits for the server's acknowledgement of its ``COMMIT``. A
+        read has nothing to make durable: it sends its ``COMMIT`` and a Sync
+        (the server ends the snapshot and goes idle when they arrive) and
+        parks the connection, and the next transaction on it collects the
+        acknowledgement in its first flight. The read waits instead when the
+        connection cannot be parked (a thread waits for one) or the bytes
+        could not be handed to the socket at once.
+        """
+        conn = self._conn
+        connections = self._gateway.connections
+        if not self._sent:
+            self._drop_pipe()
+            connections.release(conn)
+            return
+        try:
+            self._pipelined()
+            commit = conn.execute(b"COMMIT", prepare=False)
+            pipeline = self._pipeline
+            if (
+                not self._write
+                and not self._deferred
+                and pipeline is not None
+                and send_sync(conn, pipeline)
+                and connections.park(Parked(conn, pipeline, commit))
+            ):
+                self._pipeline = None
+                return
+            self._unpipe()
+        except psycopg.Error as exc:
+            lost = is_connection_error(exc, conn)
+            context = self._context(None)
+            self._drop_pipe()
+            connections.release_after_error(conn)
+            if not self._write and lost:
+                # Every statement of the read has returned from its snapshot;
+                # its results stand without the acknowledgement.
+                return
+            if self._write and lost:
+                raise StoreUnavailableError(
+                    "the connection was lost while committing; the write may or may not "
+                    f"have been applied: {exc}"
+                ) from exc
+            raise translate_error(exc, context) from exc
+        connections.release(conn)
+
+    def abort(self) -> None:
+        """Roll back (if anything was sent) and give the connection back."""
+        conn = self._conn
+        if self._sent and self._pipeline is not None and not (conn.closed or conn.broken):
+            # Ride the flight that collects the pending results; if an error
+            # aborted the pipeline the server skips it, and the plain
+            # ROLLBACK of release_after_error runs instead.
+            with suppress(psycopg.Error):
+                conn.execute(b"ROLLBACK", prepare=False)
+        self._drop_pipe()
+        self._gateway.connections.release_after_error(conn)
 
 
 def _checked(statement: Statement, row: Params) -> Params:
@@ -210,18 +438,16 @@ class PostgresGateway:
         self.schema = schema
         self.pool_size = pool_size
         self.reconnect_timeout = reconnect_timeout
-        self._lock = threading.Lock()
-        self._pid = os.getpid()
-        self._closed = False
-        self._pool: psycopg_pool.ConnectionPool[Conn] | None = None
-        self._pool = self._open_pool()
+        self.connections = Connections(
+            url, self.connect_kwargs(), size=pool_size, reconnect_timeout=reconnect_timeout
+        )
         # Notifications carry the schema of the queue that changed.
         self.notify_payload: str | None = schema
         self._listener: Conn | None = None
         self._listener_pid = 0
         self._listener_lock = threading.Lock()
 
-    # -- the pool ---------------------------------------------------------------------
+    # -- connections ------------------------------------------------------------------
 
     def connect_kwargs(self) -> dict[str, Any]:
         """Keyword arguments of every connection this gateway opens."""
@@ -246,132 +472,18 @@ class PostgresGateway:
             raise translate_error(exc, "cannot connect") from exc
         return conn
 
-    def _open_pool(self) -> psycopg_pool.ConnectionPool[Conn]:
-        pool: psycopg_pool.ConnectionPool[Conn] = psycopg_pool.ConnectionPool(
-            self.url,
-            connection_class=psycopg.Connection,
-            kwargs=self.connect_kwargs(),
-            min_size=1,
-            max_size=self.pool_size,
-            timeout=self.reconnect_timeout,
-            reconnect_timeout=max(self.reconnect_timeout, 1.0),
-            open=False,
-        )
-        try:
-            pool.open(wait=True, timeout=self.reconnect_timeout)
-        except psycopg_pool.PoolTimeout as exc:
-            pool.close()
-            raise StoreUnavailableError(
-                f"cannot connect to the PostgreSQL server within {self.reconnect_timeout}s"
-            ) from exc
-        return pool
-
-    def _current_pool(self) -> psycopg_pool.ConnectionPool[Conn]:
-        with self._lock:
-            if self._closed or self._pool is None:
-                raise StoreUnavailableError("the PostgreSQL store is closed")
-            if os.getpid() != self._pid:
-                # Forked: the parent's pool threads and sockets are not ours.
-                self._pid = os.getpid()
-                self._pool = self._open_pool()
-            return self._pool
-
-    def _begin(self, begin: bytes) -> Conn:
-        """A pooled connection inside a fresh transaction.
-
-        A connection found dead here has run nothing of this transaction, so
-        it is dropped and another one tried until ``reconnect_timeout``.
-        """
-        pool = self._current_pool()
-        deadline = time.monotonic() + self.reconnect_timeout
-        while True:
-            try:
-                conn = pool.getconn(timeout=max(0.1, deadline - time.monotonic()))
-            except psycopg_pool.PoolTimeout as exc:
-                raise StoreUnavailableError(
-                    f"no PostgreSQL connection within {self.reconnect_timeout}s: {exc}"
-                ) from exc
-            except psycopg_pool.PoolClosed as exc:
-                raise StoreUnavailableError("the PostgreSQL store is closed") from exc
-            try:
-                conn.execute(begin, prepare=False)
-            except psycopg.Error as exc:
-                broken = is_connection_error(exc, conn)
-                self._discard(pool, conn)
-                if not broken or time.monotonic() >= deadline:
-                    raise translate_error(exc, "cannot begin a transaction") from exc
-                continue
-            return conn
-
-    @staticmethod
-    def _discard(pool: psycopg_pool.ConnectionPool[Conn], conn: Conn) -> None:
-        # A closed connection returned to the pool is thrown away and replaced.
-        with suppress(psycopg.Error):
-            conn.close()
-        with suppress(psycopg_pool.PoolClosed):
-            pool.putconn(conn)
-
-    def _release(self, conn: Conn) -> None:
-        pool = self._pool
-        if pool is None or os.getpid() != self._pid:
-            with suppress(psycopg.Error):
-                conn.close()
-            return
-        with suppress(psycopg_pool.PoolClosed):
-            pool.putconn(conn)
-
-    def reopen_read(
-        self, lost: Conn, journal: list[tuple[str, str, Params | None, object]], cause: Exception
-    ) -> Conn:
-        """Replace a read's lost connection with a new snapshot that agrees
-        with everything the read has seen so far."""
-        pool = self._current_pool()
-        self._discard(pool, lost)
-        conn = self._begin(_BEGIN_READ)
-        try:
-            agrees = _Tx(self, conn, write=False).replay(journal)
-        except psycopg.Error as exc:
-            self._release_after_error(conn)
-            raise translate_error(exc, "cannot repeat a read after a lost connection") from exc
-        if not agrees:
-            self._release_after_error(conn)
-            raise StoreUnavailableError(
-                "the connection was lost during a read and the data changed before it "
-                "could be repeated; retry the call"
-            ) from cause
-        return conn
-
-    def _release_after_error(self, conn: Conn) -> None:
-        with suppress(psycopg.Error):
-            if not conn.closed:
-                conn.execute(b"ROLLBACK", prepare=False)
-        self._release(conn)
-
     # -- transactions -------------------------------------------------------------------
 
     @contextmanager
     def _transaction(self, *, write: bool) -> Iterator[_Tx]:
-        conn = self._begin(_BEGIN_WRITE if write else _BEGIN_READ)
-        tx = _Tx(self, conn, write=write)
+        deadline = time.monotonic() + self.reconnect_timeout
+        tx = _Tx(self, self.connections.acquire(deadline), write=write)
         try:
             yield tx
         except BaseException:
-            # A read may have moved to a new connection; roll back that one.
-            self._release_after_error(tx._conn)
+            tx.abort()
             raise
-        conn = tx._conn
-        try:
-            conn.execute(b"COMMIT", prepare=False)
-        except psycopg.Error as exc:
-            lost = is_connection_error(exc, conn)
-            self._release_after_error(conn)
-            if write and lost:
-                raise StoreUnavailableError(
-                    "the connection was lost while committing; the write may or may not "
-                    f"have been applied: {exc}"
-                ) from exc
-            raise translate_error(exc, "commit failed") from exc
-        self._release(conn)
+        tx.commit()
 
     def write(self) -> AbstractContextManager[_Tx]:
         """A READ COMMITTED transaction whose lock preludes run."""
@@ -384,7 +496,8 @@ class PostgresGateway:
     def script(self, conn_tx: _Tx, sql: str) -> None:
         """Run a multi-statement script (a migration) inside ``conn_tx``."""
         try:
-            conn_tx._conn.execute(sql.encode("utf-8"), prepare=False)
+            conn = conn_tx.plain()
+            conn.execute(sql.encode("utf-8"), prepare=False)
         except psycopg.Error as exc:
             raise translate_error(exc, "migration failed") from exc
 
@@ -448,8 +561,4 @@ class PostgresGateway:
     def close(self) -> None:
         with self._listener_lock:
             self._close_listener()
-        with self._lock:
-            pool, self._pool = self._pool, None
-            self._closed = True
-        if pool is not None and os.getpid() == self._pid:
-            pool.close()
+        self.connections.close()

@@ -270,6 +270,10 @@ class SqlStoreBase:
         """Called inside a run's terminal transition, after its own writes."""
         return None
 
+    def _charges_completions(self, tx: Tx, run_id: str) -> bool:
+        """Whether :meth:`_charge_completion` may act for the run's tasks."""
+        return False
+
     def _charge_completion(self, tx: Tx, task: Row, outputs: tuple[EmittedOutput, ...]) -> None:
         """Called by a completion after its outputs validated, before any write;
         raises to refuse the completion."""

@@ -20,6 +20,7 @@ from typing import TypeVar
 from dagwerk.backends.errors import StoreUnavailableError
 from dagwerk.constants import TaskStatus
 from dagwerk.errors import DagwerkError
+from dagwerk.models import EmittedOutput
 from dagwerk.store import (
     ClaimedDelivery,
     CompletionOutcome,
@@ -29,10 +30,11 @@ from dagwerk.store import (
     TaskRecord,
     validate_worker_id,
 )
+from dagwerk.transitions import check_task_transition
 
 from ._queue import QueueMixin
-from ._tasks import TasksMixin, task_record
-from .gateway import Tx
+from ._tasks import TasksMixin, _completion, task_record
+from .gateway import Row, Tx
 
 _T = TypeVar("_T")
 
@@ -72,7 +74,8 @@ class BatchMixin(TasksMixin, QueueMixin):
         for group in _by_run([(d.run_id, d) for d in leased]):
             try:
                 with self._gw.write() as tx:
-                    claimed = {d.delivery_id: self._claim_in(tx, d) for d in group}
+                    records = self._claim_many(tx, group)
+                    claimed = {d.delivery_id: r for d, r in zip(group, records, strict=True)}
             except StoreUnavailableError:
                 # The leases are committed: the caller gets the rows unclaimed
                 # and handles them one by one (or they come back after the lease).
@@ -80,15 +83,45 @@ class BatchMixin(TasksMixin, QueueMixin):
             found.update(claimed)
         return [ClaimedDelivery(d, found[d.delivery_id]) for d in leased]
 
-    def _claim_in(self, tx: Tx, delivery: LeasedDelivery) -> TaskRecord | None:
-        """``try_claim_task`` for the delivery's attempt, in the caller's transaction."""
-        task = self._current(
-            tx, delivery.task_id, delivery.attempt_id, TaskStatus.QUEUED, delivery.generation
-        )
-        if task is None:
-            return None
-        self._set_status(tx, task, TaskStatus.RUNNING)
-        return replace(task_record(task), status=TaskStatus.RUNNING)
+    def _claim_many(self, tx: Tx, leased: list[LeasedDelivery]) -> list[TaskRecord | None]:
+        """``try_claim_task`` for each leased row's attempt, in the caller's
+        transaction: the tasks are read in one statement and set RUNNING in
+        one more. A task claimed by an earlier row of the batch is not QUEUED
+        for a later one, as with one claim after another."""
+        ids = list(dict.fromkeys(d.task_id for d in leased))
+        rows = {
+            row["task_id"]: row
+            for row in tx.all("tasks_get_owned_many", {"ids": json.dumps(ids), "first": ids[0]})
+        }
+        records: list[TaskRecord | None] = []
+        updates: list[dict[str, object]] = []
+        claimed: set[str] = set()
+        for delivery in leased:
+            row = rows.get(delivery.task_id)
+            if (
+                row is None
+                or delivery.task_id in claimed
+                or not self._matches(
+                    row, delivery.attempt_id, TaskStatus.QUEUED, delivery.generation
+                )
+            ):
+                records.append(None)
+                continue
+            check_task_transition(TaskStatus.QUEUED, TaskStatus.RUNNING)
+            claimed.add(delivery.task_id)
+            updates.append(
+                {
+                    "task_id": delivery.task_id,
+                    "old": TaskStatus.QUEUED.value,
+                    "attempt_id": delivery.attempt_id,
+                    "new": TaskStatus.RUNNING.value,
+                    "error": row["error"],
+                }
+            )
+            records.append(replace(task_record(row), status=TaskStatus.RUNNING))
+        if updates:
+            tx.many("task_set_status", updates)
+        return records
 
     def complete_and_ack(
         self, worker_id: str, requests: Sequence[CompletionRequest]
@@ -112,9 +145,124 @@ class BatchMixin(TasksMixin, QueueMixin):
             groups = _by_run([(runs.get(item.task_id, ""), i) for i, item in enumerate(items)])
         for group in groups:
             with self._gw.write() as tx:
-                for i in group:
-                    outcomes[i] = self._complete_and_ack_in(tx, worker_id, items[i])
+                self._complete_group(tx, worker_id, [(i, items[i]) for i in group], outcomes)
         return outcomes
+
+    def _complete_group(
+        self,
+        tx: Tx,
+        worker_id: str,
+        items: list[tuple[int, CompletionRequest]],
+        outcomes: list[CompletionOutcome],
+    ) -> None:
+        """Every request of ``items`` in one transaction, with set-based writes.
+
+        The tasks are read in one statement, the run's taken output IDs in
+        one per run; each request is then decided in order exactly as
+        ``try_complete_task`` decides it (a request for a task an earlier
+        request of this call completed sees that completion), and the writes
+        go out per statement for all requests together. A run with budget
+        accounts takes the one-by-one path, whose charges are per request.
+        """
+        ids = list(dict.fromkeys(item.task_id for _, item in items))
+        rows = {
+            row["task_id"]: row
+            for row in tx.all("tasks_get_owned_many", {"ids": json.dumps(ids), "first": ids[0]})
+        }
+        budgeted = {
+            run_id
+            for run_id in {row["run_id"] for row in rows.values()}
+            if self._charges_completions(tx, run_id)
+        }
+        reserved = self._reserved_outputs(tx, items, rows, budgeted)
+        batch = _CompletionBatch()
+        for index, item in items:
+            row = rows.get(item.task_id)
+            if row is not None and row["run_id"] in budgeted:
+                outcomes[index] = self._complete_and_ack_in(tx, worker_id, item)
+                continue
+            earlier = batch.completed.get(item.task_id)
+            if earlier is not None:
+                # FN-06 within this call: the same attempt gets the first
+                # result (filled in once it is written), another gets None.
+                if earlier[0] == item.expected_attempt_id:
+                    batch.repeats.append((index, earlier[1]))
+                batch.acks.append({"delivery_id": item.delivery_id, "worker_id": worker_id})
+                continue
+            if row is None or row["completed_attempt_id"] is not None:
+                # FN-06: an exact repeat replays the first result; anything
+                # else about a completed or unknown task is not accepted.
+                outcomes[index] = _replay(row, item)
+                batch.acks.append({"delivery_id": item.delivery_id, "worker_id": worker_id})
+                continue
+            if not self._matches(row, item.expected_attempt_id, TaskStatus.RUNNING, None):
+                outcomes[index] = None
+                batch.acks.append({"delivery_id": item.delivery_id, "worker_id": worker_id})
+                continue
+            outputs = tuple(item.outputs)
+            taken = reserved.setdefault(row["run_id"], set())
+            try:
+                prepared = self._prepare_outputs(tx, row, outputs, reserved=taken)
+            except StoreUnavailableError:
+                raise
+            except DagwerkError as exc:
+                outcomes[index] = exc  # refused before anything of it was written
+                continue
+            taken.update(output.id for output in outputs)
+            batch.add(index, item, row, prepared, worker_id)
+        self._write_completions(tx, batch, outcomes)
+
+    def _reserved_outputs(
+        self,
+        tx: Tx,
+        items: list[tuple[int, CompletionRequest]],
+        rows: dict[str, Row],
+        budgeted: set[str],
+    ) -> dict[str, set[str]]:
+        """Per run, which of the output IDs the requests emit are taken."""
+        wanted: dict[str, list[str]] = {}
+        for _, item in items:
+            row = rows.get(item.task_id)
+            if row is None or row["run_id"] in budgeted:
+                continue
+            wanted.setdefault(row["run_id"], []).extend(
+                output.id for output in item.outputs if isinstance(output, EmittedOutput)
+            )
+        return {
+            run_id: {
+                row["output_id"]
+                for row in tx.all("outputs_reserved", {"run_id": run_id, "ids": json.dumps(ids)})
+            }
+            for run_id, ids in wanted.items()
+            if ids
+        }
+
+    def _write_completions(
+        self, tx: Tx, batch: _CompletionBatch, outcomes: list[CompletionOutcome]
+    ) -> None:
+        if batch.outputs:
+            tx.many("output_insert", batch.outputs)
+        # Each launch's counter moves once; the request that brought it to
+        # its task count is the one that completed the launch.
+        for launch_id, positions in batch.by_launch.items():
+            tx.run("launch_count_completions", {"launch_id": launch_id, "n": len(positions)})
+            launch = tx.one("launch_by_id", {"launch_id": launch_id})
+            assert launch is not None
+            before = launch["completed"] - len(positions)
+            for k, position in enumerate(positions):
+                complete = before + k + 1 == launch["task_count"]
+                batch.tasks[position]["launch_complete"] = int(complete)
+        if batch.tasks:
+            check_task_transition(TaskStatus.RUNNING, TaskStatus.COMPLETED)
+            tx.many("task_complete", batch.tasks)
+            tx.many("node_bump", [{"run_id": r, "node_index": n} for r, n in batch.nodes])
+        if batch.acks:
+            tx.many("queue_ack", batch.acks)
+        for position, (index, row) in enumerate(batch.results):
+            complete = bool(batch.tasks[position]["launch_complete"])
+            outcomes[index] = _completion(row, complete)
+        for index, first in batch.repeats:
+            outcomes[index] = outcomes[first]
 
     def _complete_and_ack_in(
         self, tx: Tx, worker_id: str, item: CompletionRequest
@@ -136,3 +284,45 @@ def _by_run(keyed: list[tuple[str, _T]]) -> list[list[_T]]:
     for run_id, value in keyed:
         groups.setdefault(run_id, []).append(value)
     return list(groups.values())
+
+
+class _CompletionBatch:
+    """The writes of one transaction's accepted completions, in request order."""
+
+    def __init__(self) -> None:
+        self.outputs: list[dict[str, object]] = []
+        self.tasks: list[dict[str, object]] = []
+        self.acks: list[dict[str, object]] = []
+        self.by_launch: dict[str, list[int]] = {}
+        self.nodes: dict[tuple[str, int], None] = {}
+        self.results: list[tuple[int, Row]] = []
+        # task -> (attempt, index of the request that completed it)
+        self.completed: dict[str, tuple[str, int]] = {}
+        self.repeats: list[tuple[int, int]] = []  # (request index, first request index)
+
+    def add(
+        self,
+        index: int,
+        item: CompletionRequest,
+        row: Row,
+        prepared: list[dict[str, object]],
+        worker_id: str,
+    ) -> None:
+        position = len(self.tasks)
+        self.outputs.extend(prepared)
+        self.tasks.append(
+            {"task_id": item.task_id, "attempt_id": item.expected_attempt_id, "launch_complete": 0}
+        )
+        self.by_launch.setdefault(row["launch_id"], []).append(position)
+        self.nodes[(row["run_id"], row["node_index"])] = None
+        self.acks.append({"delivery_id": item.delivery_id, "worker_id": worker_id})
+        self.results.append((index, row))
+        self.completed[item.task_id] = (item.expected_attempt_id, index)
+
+
+def _replay(row: Row | None, item: CompletionRequest) -> CompletionOutcome:
+    """The outcome of a request for a task completed before this call, or
+    unknown: the first result for the same attempt, else None."""
+    if row is None or row["completed_attempt_id"] != item.expected_attempt_id:
+        return None
+    return _completion(row, bool(row["completed_launch_complete"]))

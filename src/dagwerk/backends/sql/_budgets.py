@@ -163,6 +163,9 @@ class BudgetsMixin(SqlStoreBase):
 
     # -- completion hook ---------------------------------------------------------
 
+    def _charges_completions(self, tx: Tx, run_id: str) -> bool:
+        return bool(self._accounts(tx, run_id))
+
     def _charge_completion(self, tx: Tx, task: Row, outputs: tuple[EmittedOutput, ...]) -> None:
         accounts = self._accounts(tx, task["run_id"])
         if not accounts:

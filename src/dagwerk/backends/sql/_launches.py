@@ -42,7 +42,9 @@ class LaunchesMixin(SqlStoreBase):
             launch["disposition"] != NodeDisposition.LAUNCHED.value
             or launch["completed"] == launch["task_count"]
         )
-        return NodeLaunch(
+        # The row was written from a validated launch (try_create_node_launch),
+        # so it is rebuilt without re-running the validators on every read.
+        return NodeLaunch.model_construct(
             id=launch["launch_id"],
             run_id=launch["run_id"],
             node_index=launch["node_index"],

@@ -87,8 +87,8 @@ class QueueMixin(SqlStoreBase):
             else:
                 time.sleep(min(remaining, 0.05))
 
-    def _claim_in(self, tx: Tx, delivery: LeasedDelivery) -> TaskRecord | None:
-        """Claim the leased row's attempt in ``tx`` (implemented by the batch mixin)."""
+    def _claim_many(self, tx: Tx, leased: list[LeasedDelivery]) -> list[TaskRecord | None]:
+        """Claim the leased rows' attempts in ``tx`` (implemented by the batch mixin)."""
         raise NotImplementedError
 
     def take_dead_lettered(self) -> list[TaskAttemptRef]:
@@ -124,32 +124,44 @@ class QueueMixin(SqlStoreBase):
                 fresh = [row for row in rows if row["delivery_id"] not in spent]
                 if not fresh:
                     break
+                expires = now + lease
+                taken: list[Row] = []
                 for row in fresh:
-                    if len(leased) >= limit:
+                    if len(leased) + len(taken) >= limit:
                         break
                     if row["delivery_count"] >= self.max_deliveries:
                         spent[row["delivery_id"]] = row
                         continue
-                    expires = now + lease
-                    tx.run(
-                        "queue_lease",
+                    taken.append(row)
+                if not taken:
+                    continue
+                # One statement each for the round's rows, before the next
+                # round's query (which must no longer see them).
+                tx.many(
+                    "queue_lease",
+                    [
                         {
-                            "delivery_id": row["delivery_id"],
+                            "delivery_id": r["delivery_id"],
                             "worker_id": worker_id,
                             "expires": expires,
-                        },
-                    )
-                    tx.run(
-                        "task_set_worker",
+                        }
+                        for r in taken
+                    ],
+                )
+                tx.many(
+                    "task_set_worker",
+                    [
                         {
-                            "task_id": row["task_id"],
-                            "attempt_id": row["attempt_id"],
+                            "task_id": r["task_id"],
+                            "attempt_id": r["attempt_id"],
                             "worker_id": worker_id,
-                        },
-                    )
-                    leased.append(_leased(row, worker_id, expires))
-                    if claims is not None:
-                        claims.append(self._claim_in(tx, leased[-1]))
+                        }
+                        for r in taken
+                    ],
+                )
+                leased.extend(_leased(row, worker_id, expires) for row in taken)
+            if claims is not None and leased:
+                claims.extend(self._claim_many(tx, leased))
         for row in spent.values():
             if leased:
                 # The leases are committed; a failed burial must not lose them

@@ -242,9 +242,15 @@ class TasksMixin(SqlStoreBase):
         return _completion(task, complete)
 
     def _prepare_outputs(
-        self, tx: Tx, task: Row, outputs: tuple[EmittedOutput, ...]
+        self,
+        tx: Tx,
+        task: Row,
+        outputs: tuple[EmittedOutput, ...],
+        reserved: set[str] | None = None,
     ) -> list[dict[str, object]]:
-        """FN-07: validate the whole first batch before anything is written."""
+        """FN-07: validate the whole first batch before anything is written.
+        ``reserved`` holds the run's taken output IDs among those a batch
+        asked about (otherwise they are read here)."""
         # The count is checked before any routing size is computed.
         validate_output_batch_size(len(outputs), limit=self.limits.max_outputs_per_task_completion)
         for output in outputs:
@@ -260,10 +266,11 @@ class TasksMixin(SqlStoreBase):
         if not outputs:
             return []
         run_id = task["run_id"]
-        reserved = {
-            row["output_id"]
-            for row in tx.all("outputs_reserved", {"run_id": run_id, "ids": json.dumps(ids)})
-        }
+        if reserved is None:
+            reserved = {
+                row["output_id"]
+                for row in tx.all("outputs_reserved", {"run_id": run_id, "ids": json.dumps(ids)})
+            }
         taken = [output_id for output_id in ids if output_id in reserved]
         if taken:
             raise OutputPublicationError(

@@ -140,6 +140,19 @@ LEFT JOIN dagwerk_launches l
        ON l.launch_id = t.launch_id AND l.active = 1 AND l.generation = t.generation
 WHERE t.task_id = :task_id;
 
+-- name: tasks_get_owned_many
+SELECT t.*, r.status AS run_status,
+       (t.invalidated = 0 AND n.generation = t.generation AND l.launch_id IS NOT NULL) AS owned
+FROM dagwerk_tasks t
+JOIN dagwerk_runs r ON r.run_id = t.run_id
+JOIN dagwerk_nodes n ON n.run_id = t.run_id AND n.node_index = t.node_index
+LEFT JOIN dagwerk_launches l
+       ON l.launch_id = t.launch_id AND l.active = 1 AND l.generation = t.generation
+WHERE t.task_id IN (SELECT value FROM json_each(:ids)) AND :first IS NOT NULL;
+
+-- name: launch_count_completions
+UPDATE dagwerk_launches SET completed = completed + :n WHERE launch_id = :launch_id;
+
 -- name: tasks_runs
 SELECT task_id, run_id FROM dagwerk_tasks
 WHERE task_id IN (SELECT value FROM json_each(:ids));

@@ -1,0 +1,477 @@
+"""Round trips of the PostgreSQL gateway, and the guarantees pipelining keeps.
+
+The gateway sends a transaction's ``BEGIN`` with its first statement, lock
+preludes with their statement, and :meth:`send`/:meth:`many` statements
+with the next flight; a read sends its ``COMMIT`` without waiting and parks
+its connection for the next transaction. These tests count round trips
+through a local proxy that delays the server's bytes (a round trip is a
+burst of server bytes after client bytes; the delay keeps a pipelined
+flight from being split by an early answer), and check that each
+transaction still runs at its isolation level, holds its row locks,
+commits before it returns, maps errors to the same typed errors and
+survives (or reports) lost connections as before.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import gc
+import os
+import threading
+import time
+import uuid
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Any
+from urllib.parse import urlsplit, urlunsplit
+
+import psycopg
+import pytest
+
+from dagwerk.backends.errors import StoreUnavailableError
+from dagwerk.backends.postgres import PostgresStore
+from dagwerk.backends.postgres import gateway as pg_gateway
+from dagwerk.constants import RunStatus
+from dagwerk.store import StoreContractError
+from dagwerk.testing.helpers import chain, new_run
+
+# Long enough that a preempted client on a loaded machine still finishes a
+# flight before the first answer of the flight reaches it.
+DELAY = 0.02
+
+
+class DelayProxy:
+    """A TCP proxy to the server of ``url``; delays the server's bytes and
+    counts round trips (server bursts that follow client bytes)."""
+
+    def __init__(self, url: str, delay: float) -> None:
+        parts = urlsplit(url)
+        self._target = (parts.hostname or "127.0.0.1", parts.port or 5432)
+        self._parts = parts
+        self.delay = delay
+        self.round_trips = 0
+        self._lock = threading.Lock()
+        self._ready = threading.Event()
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._stop: asyncio.Event | None = None
+        self.port = 0
+        self._thread = threading.Thread(target=asyncio.run, args=(self._main(),), daemon=True)
+        self._thread.start()
+        assert self._ready.wait(10)
+
+    @property
+    def url(self) -> str:
+        user = self._parts.netloc.rpartition("@")[0]
+        host = f"127.0.0.1:{self.port}"
+        return urlunsplit(self._parts._replace(netloc=f"{user}@{host}" if user else host))
+
+    async def _main(self) -> None:
+        self._loop = asyncio.get_running_loop()
+        self._stop = asyncio.Event()
+        server = await asyncio.start_server(self._relay, "127.0.0.1", 0)
+        self.port = server.sockets[0].getsockname()[1]
+        self._ready.set()
+        async with server:
+            await self._stop.wait()
+
+    def stop(self) -> None:
+        """Stop serving; ``asyncio.run`` cancels the relays and closes the loop."""
+        assert self._loop is not None and self._stop is not None
+        self._loop.call_soon_threadsafe(self._stop.set)
+        self._thread.join(10)
+
+    async def _relay(self, client_in: asyncio.StreamReader, client_out: Any) -> None:
+        server_in, server_out = await asyncio.open_connection(*self._target)
+        server_last = [True]
+        pending: asyncio.Queue[tuple[float, bytes]] = asyncio.Queue()
+
+        async def upstream() -> None:
+            while data := await client_in.read(65536):
+                with self._lock:
+                    server_last[0] = False
+                server_out.write(data)
+                await server_out.drain()
+            server_out.close()
+
+        async def downstream() -> None:
+            while data := await server_in.read(65536):
+                await pending.put((time.monotonic() + self.delay, data))
+            await pending.put((0.0, b""))
+
+        async def deliver() -> None:
+            while True:
+                due, data = await pending.get()
+                if not data:
+                    client_out.close()
+                    return
+                if (pause := due - time.monotonic()) > 0:
+                    await asyncio.sleep(pause)
+                with self._lock:
+                    if not server_last[0]:
+                        self.round_trips += 1
+                    server_last[0] = True
+                client_out.write(data)
+                await client_out.drain()
+
+        try:
+            await asyncio.gather(upstream(), downstream(), deliver(), return_exceptions=True)
+        finally:
+            server_out.close()
+            client_out.close()
+
+    @contextmanager
+    def count(self) -> Iterator[list[int]]:
+        """Yields a list that holds the round trips of the block afterwards."""
+        found: list[int] = []
+        before = self.round_trips
+        yield found
+        found.append(self.round_trips - before)
+
+
+@pytest.fixture
+def schema(postgres_url: str) -> Iterator[str]:
+    name = f"rt_{uuid.uuid4().hex[:16]}"
+    yield name
+    with psycopg.connect(postgres_url, autocommit=True) as conn:
+        conn.execute(f'DROP SCHEMA IF EXISTS "{name}" CASCADE')
+
+
+@pytest.fixture
+def proxy(postgres_url: str) -> Iterator[DelayProxy]:
+    found = DelayProxy(postgres_url, DELAY)
+    yield found
+    found.stop()
+
+
+def _label() -> str:
+    return f"dagwerk-rt-{uuid.uuid4().hex[:8]}"
+
+
+def _admin(url: str, schema: str) -> psycopg.Connection[Any]:
+    return psycopg.connect(url, autocommit=True, options=f"-c search_path={schema}")
+
+
+def _kill(url: str, label: str) -> int:
+    with psycopg.connect(url, autocommit=True) as conn:
+        rows = conn.execute(
+            "SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE application_name = %s",
+            (label,),
+        ).fetchall()
+    return len(rows)
+
+
+# -- round trips ------------------------------------------------------------------------
+
+
+def test_a_write_costs_one_round_trip_per_result_plus_its_commit(
+    proxy: DelayProxy, schema: str
+) -> None:
+    """BEGIN rides the first flight and lock preludes ride their statement:
+    a write with one locked read (two preludes) and one update costs three
+    round trips (it cost six before: BEGIN, three statements, UPDATE,
+    COMMIT)."""
+    with PostgresStore(proxy.url, schema=schema) as store:
+        new_run(store, chain(2))
+        gateway = store._pg
+        with proxy.count() as total, gateway.write() as tx:
+            with proxy.count() as first:
+                row = tx.one("run_status", {"run_id": "run-1"})
+            with proxy.count() as second:
+                changed = tx.run(
+                    "run_set_status", {"run_id": "run-1", "old": "running", "new": "running"}
+                )
+        assert row is not None and row["status"] == "running"
+        assert changed == 1
+        assert (first, second, total) == ([1], [1], [3])
+
+
+def test_a_read_costs_one_round_trip(proxy: DelayProxy, schema: str) -> None:
+    """A read waits only for its statement; its COMMIT goes out without a
+    wait and the next transaction collects the acknowledgement."""
+    with PostgresStore(proxy.url, schema=schema) as store:
+        new_run(store, chain(2))
+        for _ in range(3):
+            with proxy.count() as trips:
+                assert store.get_run_status("run-1") is RunStatus.RUNNING
+            assert trips == [1]
+        with proxy.count() as trips, store._pg.read() as tx:
+            tx.one("run_status", {"run_id": "run-1"})
+            tx.all("tasks_of_run", {"run_id": "run-1", "all": 1})
+        assert trips == [2]
+
+
+def test_deferred_statements_ride_the_next_flight(proxy: DelayProxy, schema: str) -> None:
+    with PostgresStore(proxy.url, schema=schema) as store:
+        new_run(store, chain(2))
+        with proxy.count() as trips, store._pg.write() as tx:
+            tx.one("run_status", {"run_id": "run-1"})  # 1
+            with proxy.count() as sent:
+                tx.send("run_set_status", {"run_id": "run-1", "old": "x", "new": "y"})
+                tx.send("run_set_status", {"run_id": "run-1", "old": "y", "new": "x"})
+            tx.one("run_get", {"run_id": "run-1"})  # 2, with both sends
+        assert sent == [0]
+        assert trips == [3]  # and the COMMIT
+
+
+def test_an_empty_transaction_sends_nothing(proxy: DelayProxy, schema: str) -> None:
+    with PostgresStore(proxy.url, schema=schema) as store:
+        with proxy.count() as trips:
+            with store._pg.write():
+                pass
+            with store._pg.read():
+                pass
+        assert trips == [0]
+
+
+def test_store_operations_wait_only_for_the_results_they_use(
+    proxy: DelayProxy, schema: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """For every operation of a worker's cycle: round trips = statements whose
+    result the store reads + 1 for a write's COMMIT (0 for a read's)."""
+    waited: list[int] = []
+    writes: list[bool] = []
+    original = pg_gateway._Tx._call
+
+    def counting(self: Any, kind: str, *args: Any) -> Any:
+        if kind in ("one", "all", "run"):
+            waited.append(1)
+        if self._write and not writes:
+            writes.append(True)
+        return original(self, kind, *args)
+
+    monkeypatch.setattr(pg_gateway._Tx, "_call", counting)
+    with PostgresStore(proxy.url, schema=schema) as store:
+        new_run(store, chain(2))
+
+        @contextmanager
+        def expect(name: str) -> Iterator[None]:
+            waited.clear()
+            writes.clear()
+            with proxy.count() as trips:
+                yield
+            expected = len(waited) + (1 if writes else 0)
+            assert trips == [expected], (name, trips, len(waited), bool(writes))
+
+        with expect("dequeue"):
+            (row,) = store.dequeue("w", limit=1, lease_seconds=60.0)
+        with expect("get_run_status"):
+            store.get_run_status("run-1")
+        with expect("try_claim_task"):
+            assert store.try_claim_task(
+                row.task_id, expected_attempt_id=row.attempt_id, expected_generation=0
+            )
+        with expect("try_complete_task"):
+            assert store.try_complete_task(row.task_id, (), expected_attempt_id=row.attempt_id)
+        with expect("ack"):
+            assert store.ack(row.delivery_id, "w")
+
+
+# -- guarantees ---------------------------------------------------------------------------
+
+
+def test_isolation_levels_and_snapshots_are_kept(postgres_url: str, schema: str) -> None:
+    with (
+        PostgresStore(postgres_url, schema=schema) as store,
+        PostgresStore(postgres_url, schema=schema) as other,
+    ):
+        new_run(store, chain(2))
+        with store._pg.write() as tx:
+            tx.one("run_status", {"run_id": "run-1"})
+            level = tx._conn.execute("SHOW transaction_isolation").fetchone()
+            assert level == {"transaction_isolation": "read committed"}
+        with store._pg.read() as tx:
+            first = tx.one("run_status", {"run_id": "run-1"})
+            level = tx._conn.execute("SHOW transaction_isolation").fetchone()
+            read_only = tx._conn.execute("SHOW transaction_read_only").fetchone()
+            assert level == {"transaction_isolation": "repeatable read"}
+            assert read_only == {"transaction_read_only": "on"}
+            # A change committed meanwhile stays invisible to the snapshot.
+            assert other.try_cancel_run("run-1")
+            assert tx.one("run_status", {"run_id": "run-1"}) == first
+        assert store.get_run_status("run-1") is RunStatus.CANCELLED
+
+
+def test_lock_preludes_hold_their_row_locks(postgres_url: str, schema: str) -> None:
+    with PostgresStore(postgres_url, schema=schema) as store, _admin(postgres_url, schema) as admin:
+        new_run(store, chain(2))
+        nowait = "SELECT 1 FROM dagwerk_runs WHERE run_id = 'run-1' FOR UPDATE NOWAIT"
+        with store._pg.write() as tx:
+            tx.one("run_status", {"run_id": "run-1"})
+            with pytest.raises(psycopg.errors.LockNotAvailable):
+                admin.execute(nowait)
+        with store._pg.write() as tx:
+            # A deferred block's preludes lock too, by its next flight.
+            tx.send("run_status", {"run_id": "run-1"})
+            tx.one("tasks_of_run", {"run_id": "run-1", "all": 1})
+            with pytest.raises(psycopg.errors.LockNotAvailable):
+                admin.execute(nowait)
+        assert admin.execute(nowait).fetchone() == (1,)
+
+
+def test_a_write_is_committed_when_it_returns(postgres_url: str, schema: str) -> None:
+    with PostgresStore(postgres_url, schema=schema) as store, _admin(postgres_url, schema) as admin:
+        new_run(store, chain(2))
+        for old, new in (("running", "pending"), ("pending", "running")):
+            with store._pg.write() as tx:
+                tx.send("run_set_status", {"run_id": "run-1", "old": old, "new": new})
+            status = admin.execute("SELECT status FROM dagwerk_runs WHERE run_id = 'run-1'")
+            assert status.fetchone() == (new,)
+
+
+def test_a_read_ends_its_snapshot_without_another_call(postgres_url: str, schema: str) -> None:
+    """The parked connection's COMMIT and Sync are on the wire: the server
+    ends the snapshot and goes idle with no further client action."""
+    label = _label()
+    with (
+        PostgresStore(postgres_url, schema=schema, application_name=label) as store,
+        psycopg.connect(postgres_url, autocommit=True) as admin,
+    ):
+        new_run(store, chain(2))
+        assert store.get_run_status("run-1") is RunStatus.RUNNING
+        deadline = time.monotonic() + 10
+        while True:
+            rows = admin.execute(
+                "SELECT state, backend_xmin, xact_start FROM pg_stat_activity "
+                "WHERE application_name = %s",
+                (label,),
+            ).fetchall()
+            if all(row == ("idle", None, None) for row in rows) or time.monotonic() > deadline:
+                break
+            time.sleep(0.01)
+        assert rows and all(row == ("idle", None, None) for row in rows)
+
+
+def test_a_deferred_error_fails_the_transaction_with_its_own_type(
+    postgres_url: str, schema: str
+) -> None:
+    with PostgresStore(postgres_url, schema=schema) as store:
+        new_run(store, chain(2))
+        # The node rows exist: the insert violates their primary key, at
+        # the commit, and the status change before it is rolled back.
+        with (
+            pytest.raises(StoreContractError, match="node_insert") as caught,
+            store._pg.write() as tx,
+        ):
+            tx.run("run_set_status", {"run_id": "run-1", "old": "running", "new": "pending"})
+            tx.many("node_insert", [{"run_id": "run-1", "node_index": 0}])
+        assert "constraint" in str(caught.value)
+        assert store.get_run_status("run-1") is RunStatus.RUNNING
+        # Raised by the next call that waits, naming the deferred block.
+        with pytest.raises(StoreContractError, match="node_insert"), store._pg.write() as tx:
+            tx.one("run_status", {"run_id": "run-1"})
+            tx.send("node_insert", {"run_id": "run-1", "node_index": 1})
+            tx.one("run_get", {"run_id": "run-1"})
+        # The connection is usable afterwards.
+        assert store.get_run_status("run-1") is RunStatus.RUNNING
+
+
+def test_parked_and_pooled_connections_lost_between_calls_are_replaced(
+    postgres_url: str, schema: str
+) -> None:
+    label = _label()
+    with PostgresStore(postgres_url, schema=schema, application_name=label, pool_size=2) as store:
+        new_run(store, chain(2))
+        for _ in range(3):
+            assert store.get_run_status("run-1") is RunStatus.RUNNING  # parks
+            assert _kill(postgres_url, label) >= 1
+            # The read's COMMIT and this write's first flight share the dead
+            # connection; the write moves to a new one and runs once.
+            with store._pg.write() as tx:
+                assert (
+                    tx.run(
+                        "run_set_status", {"run_id": "run-1", "old": "running", "new": "pending"}
+                    )
+                    == 1
+                )
+            assert _kill(postgres_url, label) >= 1
+            assert store.get_run_status("run-1") is RunStatus.PENDING
+            assert _kill(postgres_url, label) >= 1
+            with store._pg.write() as tx:
+                tx.run("run_set_status", {"run_id": "run-1", "old": "pending", "new": "running"})
+
+
+def test_a_write_that_loses_its_connection_before_commit_is_unavailable(
+    postgres_url: str, schema: str
+) -> None:
+    label = _label()
+    with PostgresStore(postgres_url, schema=schema, application_name=label, pool_size=2) as store:
+        new_run(store, chain(2))
+        with pytest.raises(StoreUnavailableError) as caught, store._pg.write() as tx:
+            tx.one("run_status", {"run_id": "run-1"})
+            tx.send("run_set_status", {"run_id": "run-1", "old": "running", "new": "pending"})
+            _kill(postgres_url, label)
+        assert caught.value.code == "store_unavailable"
+        assert store.get_run_status("run-1") is RunStatus.RUNNING
+
+
+def test_threads_never_wait_for_a_parked_connection(postgres_url: str, schema: str) -> None:
+    """With fewer connections than threads, reads and writes of every thread
+    finish: a connection is parked only while no thread waits for one."""
+    with PostgresStore(postgres_url, schema=schema, pool_size=1, reconnect_timeout=5.0) as store:
+        new_run(store, chain(2))
+        errors: list[BaseException] = []
+
+        def work() -> None:
+            try:
+                for n in range(40):
+                    if n % 3:
+                        assert store.get_run_status("run-1") is RunStatus.RUNNING
+                    else:
+                        with store._pg.write() as tx:
+                            tx.one("run_status", {"run_id": "run-1"})
+            except BaseException as exc:  # reported below
+                errors.append(exc)
+
+        threads = [threading.Thread(target=work) for _ in range(4)]
+        begun = time.monotonic()
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join(60)
+        assert errors == []
+        assert time.monotonic() - begun < 30
+
+
+def test_close_closes_parked_connections(postgres_url: str, schema: str) -> None:
+    label = _label()
+    store = PostgresStore(postgres_url, schema=schema, application_name=label)
+    new_run(store, chain(2))
+    store.get_run_status("run-1")
+    assert store._pg.connections._parked
+    store.close()
+    with psycopg.connect(postgres_url, autocommit=True) as admin:
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline:
+            left = admin.execute(
+                "SELECT count(*) FROM pg_stat_activity WHERE application_name = %s", (label,)
+            ).fetchone()
+            if left == (0,):
+                break
+            time.sleep(0.02)
+        assert left == (0,)
+    with pytest.raises(StoreUnavailableError):
+        store.get_run_status("run-1")
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="needs fork")
+def test_a_forked_child_leaves_the_parents_parked_connection_alone(
+    postgres_url: str, schema: str
+) -> None:
+    with PostgresStore(postgres_url, schema=schema) as store:
+        new_run(store, chain(2))
+        assert store.get_run_status("run-1") is RunStatus.RUNNING  # parks
+        pid = os.fork()
+        if pid == 0:  # pragma: no cover - the child
+            ok = False
+            try:
+                ok = store.get_run_status("run-1") is RunStatus.RUNNING
+                gc.collect()  # the parent's parked objects are collected here
+            finally:
+                os._exit(0 if ok else 1)
+        _, status = os.waitpid(pid, 0)
+        assert os.waitstatus_to_exitcode(status) == 0
+        # The parent's parked connection still speaks a clean protocol.
+        for _ in range(3):
+            assert store.get_run_status("run-1") is RunStatus.RUNNING
+            with store._pg.write() as tx:
+                assert tx.one("run_status", {"run_id": "run-1"}) is not None

@@ -1,0 +1,117 @@
+"""SQLite writers of one database queue on a kernel lock (issue 9).
+
+SQLite's busy handler sleeps 1, 2, 5, 10 ... ms between tries, so writers of
+several processes used to wait far longer than the transactions they waited
+for. Every write transaction of the store now first takes an exclusive
+``flock`` on ``<db>-dagwerk.lock``: these tests show it is really taken, that
+it orders writers across processes, and that a writer killed while holding
+it does not block the others.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import os
+import signal
+import subprocess
+import sys
+import threading
+from pathlib import Path
+
+from dagwerk.backends.sqlite import SqliteStore
+from dagwerk.models import DagNode
+
+_HOLD = """
+import fcntl, os, sys
+fd = os.open(sys.argv[1], os.O_RDWR | os.O_CREAT, 0o600)
+fcntl.flock(fd, fcntl.LOCK_EX)
+print("held", flush=True)
+sys.stdin.readline()
+"""
+
+
+def _holder(lock: Path) -> subprocess.Popen[str]:
+    proc = subprocess.Popen(
+        [sys.executable, "-c", _HOLD, str(lock)],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    assert proc.stdout is not None and proc.stdout.readline().strip() == "held"
+    return proc
+
+
+def _finish(proc: subprocess.Popen[str]) -> None:
+    proc.kill()
+    proc.wait()
+    for stream in (proc.stdin, proc.stdout):
+        if stream is not None:
+            stream.close()
+
+
+def _write_in_thread(store: SqliteStore, run_id: str) -> threading.Event:
+    done = threading.Event()
+
+    def write() -> None:
+        store.create_run(run_id, [DagNode(slug="a", plugin="p")])
+        done.set()
+
+    threading.Thread(target=write, daemon=True).start()
+    return done
+
+
+def test_a_write_holds_the_side_lock_only_while_it_runs(tmp_path: Path) -> None:
+    db = tmp_path / "q.db"
+    store = SqliteStore(str(db))
+    store.create_run("r1", [DagNode(slug="a", plugin="p")])
+    lock = Path(f"{db}-dagwerk.lock")
+    assert lock.exists()
+    # Between transactions nobody holds it: another descriptor gets it at once.
+    fd = os.open(lock, os.O_RDWR)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        fcntl.flock(fd, fcntl.LOCK_UN)
+    finally:
+        os.close(fd)
+    store.close()
+
+
+def test_a_writer_waits_for_another_process_holding_the_lock(tmp_path: Path) -> None:
+    db = tmp_path / "q.db"
+    store = SqliteStore(str(db))
+    holder = _holder(Path(f"{db}-dagwerk.lock"))
+    try:
+        done = _write_in_thread(store, "r1")
+        assert not done.wait(0.3)  # queued behind the other process
+        reader = SqliteStore(str(db))  # its own connection: reads never queue
+        assert reader.get_run("r1") is None
+        reader.close()
+        assert holder.stdin is not None
+        holder.stdin.write("\n")
+        holder.stdin.flush()
+        assert done.wait(10)
+    finally:
+        _finish(holder)
+    assert store.get_run("r1") is not None
+    store.close()
+
+
+def test_a_writer_killed_while_holding_the_lock_releases_it(tmp_path: Path) -> None:
+    db = tmp_path / "q.db"
+    store = SqliteStore(str(db))
+    holder = _holder(Path(f"{db}-dagwerk.lock"))
+    done = _write_in_thread(store, "r1")
+    assert not done.wait(0.3)
+    os.kill(holder.pid, signal.SIGKILL)
+    _finish(holder)
+    assert done.wait(10)
+    assert store.get_run("r1") is not None
+    store.close()
+
+
+def test_an_in_memory_store_takes_no_side_lock(tmp_path: Path) -> None:
+    store = SqliteStore(":memory:")
+    store.create_run("r1", [DagNode(slug="a", plugin="p")])
+    assert list(tmp_path.iterdir()) == []
+    assert not list(Path(".").glob(":memory:-dagwerk.lock"))
+    store.close()
