@@ -67,8 +67,17 @@ class BatchReads:
     attempt resolves its own (and fails on its own).
     """
 
-    def __init__(self, store: Any, plans: Mapping[str, list[TaskRecord]]) -> None:
+    def __init__(
+        self,
+        store: Any,
+        plans: Mapping[str, list[TaskRecord]],
+        *,
+        child_store: DagChildStore | None,
+        budget_store: DagBudgetStore | None,
+    ) -> None:
         self._store = store
+        self._child_store = child_store
+        self._budget_store = budget_store
         self._plans = plans
         self._links: dict[str, RunLink | None] = {}
         self._budgets: dict[str, tuple[AccountUsage, ...]] = {}
@@ -76,18 +85,14 @@ class BatchReads:
 
     def link(self, run_id: str) -> RunLink | None:
         if run_id not in self._links:
-            store = self._store
-            self._links[run_id] = (
-                store.get_run_link(run_id) if isinstance(store, DagChildStore) else None
-            )
+            store = self._child_store
+            self._links[run_id] = None if store is None else store.get_run_link(run_id)
         return self._links[run_id]
 
     def budget(self, run_id: str) -> tuple[AccountUsage, ...]:
         if run_id not in self._budgets:
-            store = self._store
-            self._budgets[run_id] = (
-                tuple(store.get_run_budget(run_id)) if isinstance(store, DagBudgetStore) else ()
-            )
+            store = self._budget_store
+            self._budgets[run_id] = () if store is None else tuple(store.get_run_budget(run_id))
         return self._budgets[run_id]
 
     def resolver(self, run_id: str) -> Any:

@@ -77,7 +77,9 @@ def _run_claimed(worker: Worker, claimed: list[ClaimedDelivery]) -> None:
     for claim in claimed:
         assert claim.task is not None
         plans[claim.delivery.run_id].append(claim.task)
-    reads = BatchReads(worker.store, plans)
+    reads = BatchReads(
+        worker.store, plans, child_store=worker.child_store, budget_store=worker.budget_store
+    )
     leased_bound = worker.lease_bound(None)
     attempts: list[Attempt] = []
     for claim in claimed:

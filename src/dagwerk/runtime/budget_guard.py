@@ -27,7 +27,6 @@ from dagwerk.budgets import (
 )
 from dagwerk.errors import DagwerkError
 from dagwerk.models import EmittedOutput, TaskInputs
-from dagwerk.store import DagBudgetStore
 
 if TYPE_CHECKING:
     from dagwerk.runtime.worker import Worker
@@ -90,8 +89,8 @@ def admit_task(
                 field="max_input_bytes",
                 limit=limit,
             )
-        store = worker.store
-        if not isinstance(store, DagBudgetStore):
+        store = worker.budget_store
+        if store is None:
             return True
         accounts = (accounts_of or store.get_run_budget)(delivery.run_id)
         if not accounts:

@@ -190,8 +190,7 @@ class ChildResult:
 
 
 def _child_store(worker: Worker) -> DagChildStore | None:
-    store = worker.store
-    return store if isinstance(store, DagChildStore) else None
+    return worker.child_store
 
 
 def _run_lineage(

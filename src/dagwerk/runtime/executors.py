@@ -33,6 +33,7 @@ from typing import Any, Protocol
 
 from dagwerk.json import thaw_json
 from dagwerk.models import EmittedOutput, ResolvedOutput, TaskInputs
+from dagwerk.runtime._batch_exec import run_batch
 from dagwerk.runtime._threads import spawn
 from dagwerk.runtime.clock import Clock
 from dagwerk.runtime.context import TaskContext
@@ -127,10 +128,14 @@ class Executor(Protocol):
     ) -> ExecutionOutcome: ...
 
 
+class _Waker(Protocol):
+    def set(self) -> None: ...
+
+
 class _Settlement:
     """First claim wins; later claims are discarded."""
 
-    def __init__(self, wake: threading.Event) -> None:
+    def __init__(self, wake: _Waker) -> None:
         self._lock = threading.Lock()
         self._wake = wake
         self.outcome: ExecutionOutcome | None = None
@@ -231,43 +236,30 @@ class ThreadExecutor:
 
     def execute_many(self, jobs: Sequence[AttemptJob], *, clock: Clock) -> list[ExecutionOutcome]:
         """:meth:`execute` for several attempts at once, supervised by the
-        calling thread: each plugin runs on its own pooled daemon thread, and
-        the caller waits until every attempt is settled by its result, its
-        deadline (settled as a timeout before the abort fires, WK-10) or its
-        abort signal. Outcomes in job order."""
+        calling thread; each attempt is settled by its result, its deadline
+        (settled as a timeout before the abort fires, WK-10) or its abort
+        signal, exactly as alone. The plugins run on pooled daemon threads,
+        as few as keep every attempt moving (see ``runtime/_batch_exec.py``).
+        Outcomes in job order."""
         wake = threading.Event()
+        countdown = _Countdown(len(jobs), wake)
         settlements: list[_Settlement] = []
-        deadlines: list[float | None] = []
-        start = clock.monotonic()
         for job in jobs:
-            settlement = _Settlement(wake)
+            settlement = _Settlement(countdown)
             settlements.append(settlement)
-            deadlines.append(None if job.timeout is None else start + job.timeout)
             early = _pre_aborted(job.signal)
             if early is not None:
                 settlement.claim(early)
                 continue
             job.signal.bind(_claim_cancelled(settlement))
-            spawn(
-                _attempt_body(job, settlement),
-                name=f"dagwerk-attempt-{job.ctx.task_id}",
-                wait_started=False,
-            )
-        while True:
-            now = clock.monotonic()
-            for i, settlement in enumerate(settlements):
-                deadline = deadlines[i]
-                if settlement.outcome is None and deadline is not None and deadline <= now:
-                    # Settled as a timeout first, then aborted at once (WK-10).
-                    detail = f"timeout {jobs[i].timeout}s"
-                    if settlement.claim(ExecutionOutcome(OutcomeKind.TIMEOUT, detail=detail)):
-                        jobs[i].signal.fire(detail)
-            pending = [i for i, settlement in enumerate(settlements) if settlement.outcome is None]
-            if not pending:
-                break
-            remaining = [d - now for i in pending if (d := deadlines[i]) is not None]
-            clock.wait(wake, min(remaining) if remaining else None)
-            wake.clear()
+        run_batch(
+            jobs,
+            settlements,
+            wake,
+            clock=clock,
+            call=_call_job,
+            timeout_outcome=_timeout_outcome,
+        )
         outcomes: list[ExecutionOutcome] = []
         for job, settlement in zip(jobs, settlements, strict=True):
             outcome = settlement.outcome
@@ -276,6 +268,37 @@ class ThreadExecutor:
                 job.signal.fire(outcome.detail or outcome.kind.value)
             outcomes.append(outcome)
         return outcomes
+
+
+class _Countdown:
+    """Wakes the batch's supervisor once every attempt is settled (not once
+    per attempt: a wake per trivial attempt costs a thread switch each)."""
+
+    def __init__(self, count: int, event: threading.Event) -> None:
+        self._lock = threading.Lock()
+        self._left = count
+        self._event = event
+
+    def set(self) -> None:
+        with self._lock:
+            self._left -= 1
+            done = self._left <= 0
+        if done:
+            self._event.set()
+
+
+def _timeout_outcome(timeout: float | None) -> ExecutionOutcome:
+    return ExecutionOutcome(OutcomeKind.TIMEOUT, detail=f"timeout {timeout}s")
+
+
+def _call_job(job: AttemptJob) -> ExecutionOutcome:
+    def call() -> Any:
+        result = job.fn(job.inputs, job.ctx)
+        if inspect.isawaitable(result):
+            return asyncio.run(_as_coroutine(result))
+        return result
+
+    return _outcome_of_call(call, job.ctx.task_id)
 
 
 @dataclass(frozen=True, slots=True)
@@ -291,19 +314,6 @@ class AttemptJob:
 
 def _claim_cancelled(settlement: _Settlement) -> Callable[[str], object]:
     return lambda reason: settlement.claim(_cancelled(reason))
-
-
-def _attempt_body(job: AttemptJob, settlement: _Settlement) -> Callable[[], None]:
-    def call() -> Any:
-        result = job.fn(job.inputs, job.ctx)
-        if inspect.isawaitable(result):
-            return asyncio.run(_as_coroutine(result))
-        return result
-
-    def body() -> None:
-        settlement.claim(_outcome_of_call(call, job.ctx.task_id))
-
-    return body
 
 
 async def _as_coroutine(awaitable: Any) -> Any:

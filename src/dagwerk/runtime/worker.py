@@ -77,7 +77,15 @@ from dagwerk.runtime.observer import WorkerObserver, notify
 from dagwerk.runtime.plugins import PluginFn, PluginRegistry, PluginSpec
 from dagwerk.runtime.retry_policy import RetryPolicy
 from dagwerk.runtime.sweep import StaleSweeper, SweepReport
-from dagwerk.store import BackstopStore, BatchQueueStore, DagQueueStore, LeasedDelivery, TaskRecord
+from dagwerk.store import (
+    BackstopStore,
+    BatchQueueStore,
+    DagBudgetStore,
+    DagChildStore,
+    DagQueueStore,
+    LeasedDelivery,
+    TaskRecord,
+)
 from dagwerk.task_input import resolve_task_inputs
 from dagwerk.waiting import wait_task
 
@@ -195,6 +203,12 @@ class Worker:
                 "the worker needs a store that implements DagQueueStore", field="store"
             )
         self.queue: DagQueueStore = store
+        # Protocol checks walk every member of the protocol; a worker asks
+        # them once here, not per delivery.
+        self.child_store: DagChildStore | None = store if isinstance(store, DagChildStore) else None
+        self.budget_store: DagBudgetStore | None = (
+            store if isinstance(store, DagBudgetStore) else None
+        )
         # A store that claims and completes several attempts per commit gets
         # the batched path (runtime/batch.py); any other the one-by-one path.
         self._batch_store: BatchQueueStore | None = (

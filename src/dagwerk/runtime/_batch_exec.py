@@ -1,0 +1,146 @@
+"""Running a batch of thread-executor attempts on as few threads as it needs.
+
+A plugin thread per attempt costs two thread hand-offs under the GIL per
+attempt, which for trivial plugins is most of a task's cost. Here the
+attempts of a batch wait in a queue; runner threads (pooled daemon threads)
+take them one after the other. The batch starts with one runner; whenever
+every runner has been inside the same attempt for ``RAMP_SECONDS`` (real
+time) while attempts still wait, one more runner starts, up to one per
+attempt. Trivial plugins therefore run back to back on one thread, while
+slow ones fan out to full parallelism within milliseconds.
+
+Semantics are those of one thread per attempt:
+- an attempt's deadline runs from the moment its plugin starts; when it
+  passes, the attempt is settled as a timeout first and aborted at once
+  (WK-10), and its runner is retired: it may stay inside the plugin, but a
+  new runner takes over the queue, so a hung plugin only ever keeps its own
+  thread;
+- an attempt aborted before it starts never enters its plugin; one aborted
+  while running is settled as cancelled and its runner retired the same way;
+- a plugin's late result never replaces a settled outcome (first claim wins).
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections import deque
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING
+
+from dagwerk.runtime._threads import spawn
+from dagwerk.runtime.clock import Clock
+
+if TYPE_CHECKING:
+    from dagwerk.runtime.executors import AttemptJob, ExecutionOutcome, _Settlement
+
+__all__ = ["RAMP_SECONDS", "run_batch"]
+
+_STOPPED = frozenset({"timeout", "cancelled"})
+
+RAMP_SECONDS = 0.002
+"""How long every runner must have been inside one attempt before another starts."""
+
+
+class _Runner:
+    __slots__ = ("current", "retired", "since")
+
+    def __init__(self) -> None:
+        self.current: int | None = None
+        self.since = 0.0  # real monotonic time the current attempt started
+        self.retired = False
+
+
+def run_batch(
+    jobs: Sequence[AttemptJob],
+    settlements: list[_Settlement],
+    wake: threading.Event,
+    *,
+    clock: Clock,
+    call: Callable[[AttemptJob], ExecutionOutcome],
+    timeout_outcome: Callable[[float | None], ExecutionOutcome],
+) -> None:
+    """Run every job not yet settled; return once each one is settled."""
+    lock = threading.Lock()
+    waiting = deque(i for i, s in enumerate(settlements) if s.outcome is None)
+    started: dict[int, float] = {}  # job index -> clock time its plugin started
+    runners: list[_Runner] = []
+
+    def serve(runner: _Runner) -> None:
+        while True:
+            with lock:
+                if runner.retired or not waiting:
+                    runner.current = None
+                    return
+                index = waiting.popleft()
+                if settlements[index].outcome is not None:
+                    continue  # aborted before it started: never enters the plugin
+                runner.current = index
+                runner.since = time.monotonic()
+                started[index] = clock.monotonic()
+            settlements[index].claim(call(jobs[index]))
+            with lock:
+                runner.current = None
+
+    def add_runner() -> None:
+        runner = _Runner()
+        runners.append(runner)
+        spawn(
+            lambda: serve(runner),
+            name=f"dagwerk-attempts-{len(runners)}",
+            wait_started=False,
+        )
+
+    limit = len(waiting)
+    with lock:
+        if waiting:
+            add_runner()
+    while True:
+        now = clock.monotonic()
+        with lock:
+            for runner in runners:
+                index = runner.current
+                if index is None or runner.retired:
+                    continue
+                job, settlement = jobs[index], settlements[index]
+                deadline = None if job.timeout is None else started[index] + job.timeout
+                overdue = deadline is not None and deadline <= now
+                # Settled as a timeout first, then aborted at once (WK-10); a
+                # result or an abort that got there first wins instead.
+                if (
+                    settlement.outcome is None
+                    and overdue
+                    and settlement.claim(timeout_outcome(job.timeout))
+                ):
+                    job.signal.fire(f"timeout {job.timeout}s")
+                outcome = settlement.outcome
+                if outcome is not None and outcome.kind.value in _STOPPED:
+                    # Settled while its plugin may still run (timed out or
+                    # aborted): the runner is left to it, another takes over.
+                    runner.retired = True
+            active = [r for r in runners if not r.retired]
+            if waiting and (
+                not any(r.current is None for r in active)
+                and all(time.monotonic() - r.since >= RAMP_SECONDS for r in active)
+                and len(active) < limit
+            ):
+                add_runner()
+            pending = [i for i, s in enumerate(settlements) if s.outcome is None]
+            if not pending:
+                return
+            deadlines = [
+                started[i] + t
+                for i in pending
+                if i in started and (t := jobs[i].timeout) is not None
+            ]
+            queued = bool(waiting)
+        remaining = min(deadlines) - now if deadlines else None
+        if queued:
+            # Attempts still wait for a runner: look again after the ramp
+            # interval of real time, whatever the clock (a fake clock must not
+            # keep a batch from fanning out).
+            step = RAMP_SECONDS if remaining is None else min(RAMP_SECONDS, max(remaining, 0.0))
+            wake.wait(step)
+        else:
+            clock.wait(wake, remaining)
+        wake.clear()
