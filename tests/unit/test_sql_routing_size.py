@@ -3,11 +3,13 @@
 
 from __future__ import annotations
 
+import json
+
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from dagwerk.backends.sql._tasks import _routing_size
+from dagwerk.backends.sql._tasks import _data_text, _routing_size, output_texts
 from dagwerk.errors import JsonLimitError
 from dagwerk.json import bounded_json_size
 from dagwerk.models import EmittedOutput
@@ -49,3 +51,27 @@ def test_a_value_without_json_text_gets_the_typed_error() -> None:
     output = EmittedOutput.model_construct(id="x", fields={"bad": float("nan")})
     with pytest.raises(JsonLimitError):
         _routing_size(output, None, 1_000)
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    st.dictionaries(_text, _json, max_size=4),
+    st.none() | _text.filter(bool),
+    _text.filter(bool),
+    st.dictionaries(_text, _json, max_size=3),
+)
+def test_texts_computed_before_the_transaction_give_the_same_row(
+    fields: dict[str, object], correlation: str | None, output_id: str, data: dict[str, object]
+) -> None:
+    output = EmittedOutput(id=output_id, fields=fields, data=data)
+    (texts,) = output_texts([output]).values()
+    size, fields_text = _routing_size(output, correlation, 10**9)
+    head = json.dumps(correlation, ensure_ascii=False)
+    assert texts.partial_size + len(head.encode("utf-8")) == size
+    assert texts.fields == fields_text
+    assert texts.data == _data_text(output)
+
+
+def test_an_output_without_json_data_gets_no_precomputed_texts() -> None:
+    bad = EmittedOutput.model_construct(id="x", fields={}, data={"f": object()})
+    assert output_texts([bad, "not an output"]) == {}

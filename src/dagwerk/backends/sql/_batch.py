@@ -13,7 +13,7 @@ runs the single operation's own code under the same locks.
 from __future__ import annotations
 
 import json
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import replace
 from typing import TypeVar
 
@@ -33,7 +33,7 @@ from dagwerk.store import (
 from dagwerk.transitions import check_task_transition
 
 from ._queue import QueueMixin
-from ._tasks import TasksMixin, _completion, task_record
+from ._tasks import OutputTexts, TasksMixin, _completion, output_texts, task_record
 from .gateway import Row, Tx
 
 _T = TypeVar("_T")
@@ -53,7 +53,7 @@ class BatchMixin(TasksMixin, QueueMixin):
         wait_seconds: float = 0.0,
     ) -> list[ClaimedDelivery]:
         if self._one_writer():
-            claims: list[TaskRecord | None] = []
+            claims: list[Row | None] = []
             leased = self._dequeue(
                 worker_id,
                 limit=limit,
@@ -62,7 +62,11 @@ class BatchMixin(TasksMixin, QueueMixin):
                 wait_seconds=wait_seconds,
                 claims=claims,
             )
-            return [ClaimedDelivery(d, task) for d, task in zip(leased, claims, strict=True)]
+            # Records are built after the commit: parsing plans need not hold
+            # the database's write lock.
+            return [
+                ClaimedDelivery(d, _claimed(row)) for d, row in zip(leased, claims, strict=True)
+            ]
         leased = self.dequeue(
             worker_id,
             limit=limit,
@@ -74,8 +78,8 @@ class BatchMixin(TasksMixin, QueueMixin):
         for group in _by_run([(d.run_id, d) for d in leased]):
             try:
                 with self._gw.write() as tx:
-                    records = self._claim_many(tx, group)
-                    claimed = {d.delivery_id: r for d, r in zip(group, records, strict=True)}
+                    rows = self._claim_many(tx, group)
+                claimed = {d.delivery_id: _claimed(r) for d, r in zip(group, rows, strict=True)}
             except StoreUnavailableError:
                 # The leases are committed: the caller gets the rows unclaimed
                 # and handles them one by one (or they come back after the lease).
@@ -83,7 +87,7 @@ class BatchMixin(TasksMixin, QueueMixin):
             found.update(claimed)
         return [ClaimedDelivery(d, found[d.delivery_id]) for d in leased]
 
-    def _claim_many(self, tx: Tx, leased: list[LeasedDelivery]) -> list[TaskRecord | None]:
+    def _claim_many(self, tx: Tx, leased: list[LeasedDelivery]) -> list[Row | None]:
         """``try_claim_task`` for each leased row's attempt, in the caller's
         transaction: the tasks are read in one statement and set RUNNING in
         one more. A task claimed by an earlier row of the batch is not QUEUED
@@ -93,7 +97,7 @@ class BatchMixin(TasksMixin, QueueMixin):
             row["task_id"]: row
             for row in tx.all("tasks_get_owned_many", {"ids": json.dumps(ids), "first": ids[0]})
         }
-        records: list[TaskRecord | None] = []
+        records: list[Row | None] = []
         updates: list[dict[str, object]] = []
         claimed: set[str] = set()
         for delivery in leased:
@@ -118,7 +122,7 @@ class BatchMixin(TasksMixin, QueueMixin):
                     "error": row["error"],
                 }
             )
-            records.append(replace(task_record(row), status=TaskStatus.RUNNING))
+            records.append(row)
         if updates:
             tx.many("task_set_status", updates)
         return records
@@ -143,9 +147,12 @@ class BatchMixin(TasksMixin, QueueMixin):
             with self._gw.read() as tx:
                 runs = {row["task_id"]: row["run_id"] for row in tx.all("tasks_runs", {"ids": ids})}
             groups = _by_run([(runs.get(item.task_id, ""), i) for i, item in enumerate(items)])
+        # Output texts do not depend on stored state: computed before the
+        # write lock is taken.
+        texts = output_texts(output for item in items for output in item.outputs)
         for group in groups:
             with self._gw.write() as tx:
-                self._complete_group(tx, worker_id, [(i, items[i]) for i in group], outcomes)
+                self._complete_group(tx, worker_id, [(i, items[i]) for i in group], outcomes, texts)
         return outcomes
 
     def _complete_group(
@@ -154,6 +161,7 @@ class BatchMixin(TasksMixin, QueueMixin):
         worker_id: str,
         items: list[tuple[int, CompletionRequest]],
         outcomes: list[CompletionOutcome],
+        texts: Mapping[int, OutputTexts],
     ) -> None:
         """Every request of ``items`` in one transaction, with set-based writes.
 
@@ -202,7 +210,7 @@ class BatchMixin(TasksMixin, QueueMixin):
             outputs = tuple(item.outputs)
             taken = reserved.setdefault(row["run_id"], set())
             try:
-                prepared = self._prepare_outputs(tx, row, outputs, reserved=taken)
+                prepared = self._prepare_outputs(tx, row, outputs, reserved=taken, texts=texts)
             except StoreUnavailableError:
                 raise
             except DagwerkError as exc:
@@ -276,6 +284,20 @@ class BatchMixin(TasksMixin, QueueMixin):
             return exc
         tx.run("queue_ack", {"delivery_id": item.delivery_id, "worker_id": worker_id})
         return result
+
+
+def _claimed(row: Row | None) -> TaskRecord | None:
+    """The record of a task as its claim left it (the row was read before the
+    claim set it RUNNING). A stored plan that no longer parses gives ``None``:
+    the caller then treats the row as unclaimable, which recovers the task
+    under a new attempt (and, should the plan stay unreadable, the row ends
+    in the dead-letter queue after ``max_deliveries``)."""
+    if row is None:
+        return None
+    try:
+        return replace(task_record(row), status=TaskStatus.RUNNING)
+    except ValueError:
+        return None
 
 
 def _by_run(keyed: list[tuple[str, _T]]) -> list[list[_T]]:

@@ -19,7 +19,6 @@ from dagwerk.store import (
     InvalidStoreValueError,
     LeasedDelivery,
     TaskAttemptRef,
-    TaskRecord,
     validate_queue_names,
     validate_seconds,
     validate_worker_id,
@@ -57,10 +56,10 @@ class QueueMixin(SqlStoreBase):
         lease_seconds: float,
         queues: Sequence[str] | None,
         wait_seconds: float,
-        claims: list[TaskRecord | None] | None = None,
+        claims: list[Row | None] | None = None,
     ) -> list[LeasedDelivery]:
         """``dequeue``; with ``claims`` each leased row's task is also claimed
-        in the lease's transaction and the claimed record (or ``None``) is
+        in the lease's transaction and the claimed task's row (or ``None``) is
         appended to ``claims`` (see :meth:`_lease`)."""
         validate_worker_id(worker_id)
         if type(limit) is not int or limit < 1:
@@ -87,7 +86,7 @@ class QueueMixin(SqlStoreBase):
             else:
                 time.sleep(min(remaining, 0.05))
 
-    def _claim_many(self, tx: Tx, leased: list[LeasedDelivery]) -> list[TaskRecord | None]:
+    def _claim_many(self, tx: Tx, leased: list[LeasedDelivery]) -> list[Row | None]:
         """Claim the leased rows' attempts in ``tx`` (implemented by the batch mixin)."""
         raise NotImplementedError
 
@@ -102,7 +101,7 @@ class QueueMixin(SqlStoreBase):
         limit: int,
         lease: float,
         queue_filter: str | None,
-        claims: list[TaskRecord | None] | None = None,
+        claims: list[Row | None] | None = None,
     ) -> list[LeasedDelivery]:
         # Rows past max_deliveries are only noted here and buried afterwards,
         # each in its own transaction that locks the run row first: burying

@@ -4,9 +4,10 @@ task retry, plus the task and outbox views."""
 from __future__ import annotations
 
 import json
+from collections.abc import Iterable, Mapping
 
 from dagwerk.constants import TaskStatus
-from dagwerk.errors import PlanningError
+from dagwerk.errors import DagwerkError, PlanningError
 from dagwerk.json import bounded_json_size
 from dagwerk.models import EmittedOutput
 from dagwerk.planning import correlation_id_for_output
@@ -76,6 +77,38 @@ def delivery_record(row: Row) -> Delivery:
         node_index=row["node_index"],
         launch_id=row["launch_id"],
     )
+
+
+_ROUTING_FRAME = len('{"correlation_id":,"fields":,"id":}')
+
+
+class OutputTexts:
+    """The texts an output's completion writes, computed before the write
+    transaction (they do not depend on stored state): the compact fields and
+    data, and the routing size without the correlation ID's part."""
+
+    __slots__ = ("data", "fields", "partial_size")
+
+    def __init__(self, output: EmittedOutput) -> None:
+        self.fields = dumps(output.fields)
+        tail = json.dumps(output.id, ensure_ascii=False)
+        self.partial_size = (
+            _ROUTING_FRAME + len(self.fields.encode("utf-8")) + len(tail.encode("utf-8"))
+        )
+        self.data = _data_text(output)
+
+
+def output_texts(outputs: Iterable[object]) -> dict[int, OutputTexts]:
+    """``OutputTexts`` by ``id()`` of each output that has them; an output
+    whose texts fail is left out, and its completion reports the error."""
+    found: dict[int, OutputTexts] = {}
+    for output in outputs:
+        if isinstance(output, EmittedOutput):
+            try:
+                found[id(output)] = OutputTexts(output)
+            except (TypeError, ValueError, DagwerkError):
+                continue
+    return found
 
 
 def _routing_size(output: EmittedOutput, correlation: str | None, limit: int) -> tuple[int, str]:
@@ -247,6 +280,7 @@ class TasksMixin(SqlStoreBase):
         task: Row,
         outputs: tuple[EmittedOutput, ...],
         reserved: set[str] | None = None,
+        texts: Mapping[int, OutputTexts] | None = None,
     ) -> list[dict[str, object]]:
         """FN-07: validate the whole first batch before anything is written.
         ``reserved`` holds the run's taken output IDs among those a batch
@@ -301,7 +335,17 @@ class TasksMixin(SqlStoreBase):
                     f"cannot derive the correlation of output {output.id!r}: {exc}",
                     field="outputs",
                 ) from exc
-            size, fields = _routing_size(output, correlation, limit)
+            known = None if texts is None else texts.get(id(output))
+            if known is not None:
+                head = json.dumps(correlation, ensure_ascii=False)
+                size, fields, data = (
+                    known.partial_size + len(head.encode()),
+                    known.fields,
+                    known.data,
+                )
+            else:
+                size, fields = _routing_size(output, correlation, limit)
+                data = _data_text(output)
             total += size
             if total > limit:
                 validate_output_batch_routing_size(total, limit=limit)
@@ -311,7 +355,7 @@ class TasksMixin(SqlStoreBase):
                     "output_id": output.id,
                     "node_index": task["node_index"],
                     "fields": fields,
-                    "data": _data_text(output),
+                    "data": data,
                     "correlation_id": correlation,
                     "routing_size": size,
                 }
