@@ -18,8 +18,11 @@ import sys
 import threading
 from pathlib import Path
 
+import pytest
+
 from dagwerk.backends.sqlite import SqliteStore
 from dagwerk.models import DagNode
+from dagwerk.store import InvalidStoreValueError
 
 _HOLD = """
 import fcntl, os, sys
@@ -115,3 +118,33 @@ def test_an_in_memory_store_takes_no_side_lock(tmp_path: Path) -> None:
     assert list(tmp_path.iterdir()) == []
     assert not list(Path(".").glob(":memory:-dagwerk.lock"))
     store.close()
+
+
+# --- the synchronous option (issue 9: a documented engine option) -------------------
+
+
+def _pragma(store: SqliteStore) -> int:
+    conn = store._sqlite._connection()
+    return int(conn.execute("PRAGMA synchronous").fetchone()[0])
+
+
+def test_synchronous_defaults_to_normal_and_full_is_an_option(tmp_path: Path) -> None:
+    normal = SqliteStore(str(tmp_path / "n.db"))
+    assert _pragma(normal) == 1  # NORMAL
+    normal.close()
+    full = SqliteStore(str(tmp_path / "f.db"), synchronous="full")
+    assert _pragma(full) == 2  # FULL
+    full.close()
+    by_url = SqliteStore(f"sqlite:///{tmp_path / 'u.db'}?synchronous=extra")
+    assert _pragma(by_url) == 3  # EXTRA
+    by_url.close()
+
+
+def test_an_unknown_synchronous_value_is_a_typed_error_naming_the_field(tmp_path: Path) -> None:
+    with pytest.raises(InvalidStoreValueError) as raised:
+        SqliteStore(str(tmp_path / "x.db"), synchronous="off")
+    assert raised.value.field == "synchronous"
+    with pytest.raises(InvalidStoreValueError) as raised:
+        SqliteStore(f"sqlite:///{tmp_path / 'y.db'}?synchronous=off")
+    assert raised.value.field == "url"
+    assert not (tmp_path / "x.db").exists()

@@ -31,7 +31,7 @@ from dagwerk.backends.errors import (
 )
 from dagwerk.backends.sql.gateway import Params, Row, load_queries
 from dagwerk.errors import DagwerkError
-from dagwerk.store import StoreContractError
+from dagwerk.store import InvalidStoreValueError, StoreContractError
 
 __all__ = ["QUERIES", "SqliteGateway", "translate_error"]
 
@@ -126,6 +126,10 @@ class _Tx:
             raise translate_error(exc, f"query {name!r} failed") from exc
 
 
+SYNCHRONOUS_MODES = ("normal", "full", "extra")
+"""Values of the store's ``synchronous`` option (SQLite's PRAGMA synchronous)."""
+
+
 class SqliteGateway:
     """One connection per process, shared by threads under a lock.
 
@@ -145,7 +149,14 @@ class SqliteGateway:
         busy_timeout: float = 30.0,
         read_only: bool = False,
         max_page_count: int | None = None,
+        synchronous: str = "normal",
     ) -> None:
+        if synchronous not in SYNCHRONOUS_MODES:
+            raise InvalidStoreValueError(
+                f"synchronous must be one of {', '.join(SYNCHRONOUS_MODES)}, not {synchronous!r}",
+                field="synchronous",
+            )
+        self.synchronous = synchronous
         self.path = path
         self.busy_timeout = busy_timeout
         self.read_only = read_only
@@ -275,8 +286,8 @@ class SqliteGateway:
                         f"cannot switch {self.path!r} to WAL mode (journal mode {mode!r})"
                     )
                 # In WAL mode NORMAL survives any process crash; only a power
-                # loss can drop the last commits.
-                conn.execute("PRAGMA synchronous = NORMAL")
+                # loss can drop the last commits. FULL/EXTRA fsync every commit.
+                conn.execute(f"PRAGMA synchronous = {self.synchronous.upper()}")
         except sqlite3.Error as exc:
             conn.close()
             raise translate_error(exc, f"cannot open {self.path!r}") from exc

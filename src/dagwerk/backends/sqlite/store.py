@@ -11,7 +11,7 @@ from dagwerk.backends.sql.store import SqlStore
 from dagwerk.limits import Limits
 from dagwerk.store import InvalidStoreValueError
 
-from .gateway import SqliteGateway
+from .gateway import SYNCHRONOUS_MODES, SqliteGateway
 from .migrations import migrate
 
 __all__ = ["SqliteStore", "sqlite_path"]
@@ -23,22 +23,36 @@ def sqlite_path(url: str | Path) -> tuple[str, bool]:
     """The database path of ``sqlite:///relative.db``, ``sqlite:////abs.db``,
     ``sqlite:///:memory:`` or a plain path, and whether the URL asks for a
     read-only store (``?mode=ro``)."""
+    path, options = _parse_url(url)
+    return path, options.get("mode") == "ro"
+
+
+_URL_OPTIONS = {"mode": ("ro", "rw"), "synchronous": SYNCHRONOUS_MODES}
+
+
+def _parse_url(url: str | Path) -> tuple[str, dict[str, str]]:
+    """Path and options of a store URL; options ``mode=ro|rw`` and
+    ``synchronous=normal|full|extra``, joined with ``&``."""
     if isinstance(url, Path):
-        return str(url), False
+        return str(url), {}
     if not isinstance(url, str):
         raise InvalidStoreValueError("store URL must be a string or a Path", field="url")
     if url.startswith(_PREFIX):
         path, _, query = url[len(_PREFIX) :].partition("?")
         if not path:
             raise InvalidStoreValueError(f"store URL {url!r} names no database file", field="url")
-        if query not in ("", "mode=ro", "mode=rw"):
-            raise InvalidStoreValueError(
-                f"store URL {url!r}: unknown option {query!r}", field="url"
-            )
-        return path, query == "mode=ro"
+        options: dict[str, str] = {}
+        for item in query.split("&") if query else []:
+            name, _, value = item.partition("=")
+            if value not in _URL_OPTIONS.get(name, ()) or name in options:
+                raise InvalidStoreValueError(
+                    f"store URL {url!r}: unknown option {item!r}", field="url"
+                )
+            options[name] = value
+        return path, options
     if "://" in url:
         raise InvalidStoreValueError(f"{url!r} is not a sqlite:/// URL", field="url")
-    return url, False
+    return url, {}
 
 
 class SqliteStore(SqlStore):
@@ -59,6 +73,14 @@ class SqliteStore(SqlStore):
     (or ``?mode=ro`` in the URL) opens the file for reading only; every write
     then raises ``StoreReadOnlyError``. ``max_page_count`` caps the file's
     size in pages (a quota; writes beyond it raise ``StoreFullError``).
+
+    ``synchronous`` (or ``?synchronous=`` in the URL) is SQLite's durability
+    setting in WAL mode: ``"normal"`` (the default) survives any crash of a
+    process or of the operating system's processes, but a power loss or
+    kernel crash can lose the last commits (never corrupt the file);
+    ``"full"`` (and ``"extra"``) also survive a power loss, at the cost of
+    an fsync per commit (about 50x fewer commits per second on the
+    benchmark machine). See docs/performance.md.
     """
 
     def __init__(
@@ -73,13 +95,17 @@ class SqliteStore(SqlStore):
         busy_timeout: float = 30.0,
         read_only: bool = False,
         max_page_count: int | None = None,
+        synchronous: str | None = None,
     ) -> None:
-        path, url_read_only = sqlite_path(url)
+        path, options = _parse_url(url)
+        if synchronous is None:
+            synchronous = options.get("synchronous", "normal")
         gateway = SqliteGateway(
             path,
             busy_timeout=busy_timeout,
-            read_only=read_only or url_read_only,
+            read_only=read_only or options.get("mode") == "ro",
             max_page_count=max_page_count,
+            synchronous=synchronous,
         )
         try:
             migrate(gateway)
