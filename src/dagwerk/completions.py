@@ -14,6 +14,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+from dagwerk.frontier import reconcile_after_completion
 from dagwerk.limits import Limits
 from dagwerk.orchestrator import (
     OrchestratorCallbacks,
@@ -56,7 +57,7 @@ def complete_attempts(
     outcomes = store.complete_and_ack(worker_id, items)
     if not isinstance(outcomes, list) or len(outcomes) != len(items):
         raise StoreContractError("complete_and_ack returned a result of the wrong length")
-    to_reconcile: dict[str, bool] = {}
+    to_reconcile: dict[str, set[int]] = {}
     for item, outcome in zip(items, outcomes, strict=True):
         if isinstance(outcome, OutputPublicationError):
             on_task_failed(
@@ -72,10 +73,16 @@ def complete_attempts(
             continue
         if outcome.task_id != item.task_id or outcome.attempt_id != item.expected_attempt_id:
             raise StoreContractError("complete_and_ack returned mismatched fields")
-        run_id = outcome.run_id
-        to_reconcile[run_id] = to_reconcile.get(run_id, False) or outcome.launch_complete
-    for run_id, launch_complete in to_reconcile.items():
-        # One reconcile per run sees every completion of the batch.
-        if launch_complete or _policy_needs_reconcile(store, run_id):
+        done = to_reconcile.setdefault(outcome.run_id, set())
+        if outcome.launch_complete:
+            done.add(outcome.node_index)
+    for run_id, done in to_reconcile.items():
+        # One reconcile per run sees every completion of the batch; after
+        # completed launches only their children can have become ready, so
+        # the reconcile reads just that neighbourhood (dagwerk.frontier),
+        # falling back to the full pass whenever it cannot decide.
+        if done:
+            reconcile_after_completion(store, run_id, done, callbacks=callbacks, limits=limits)
+        elif _policy_needs_reconcile(store, run_id):
             reconcile_run(store, run_id, callbacks=callbacks, limits=limits)
     return outcomes

@@ -80,6 +80,7 @@ __all__ = [
     "DeadLetter",
     "Delivery",
     "InvalidStoreValueError",
+    "LaunchProgress",
     "LeasedDelivery",
     "NodeLaunchRef",
     "OutputPublicationError",
@@ -88,6 +89,8 @@ __all__ = [
     "RerunRefusedError",
     "RunActivity",
     "RunActivityStore",
+    "RunFrontier",
+    "RunFrontierStore",
     "RunRecord",
     "RunReopenResult",
     "RunTopologyStore",
@@ -504,6 +507,52 @@ class RunTopologyStore(Protocol):
     def get_run_failure_policy(self, run_id: str) -> FailurePolicy | None:
         """The run's failure policy (fixed when the run is created); ``None`` if
         the run does not exist. Read-only."""
+        ...
+
+
+@dataclass(frozen=True, slots=True)
+class LaunchProgress:
+    """The state of one active launch that readiness depends on."""
+
+    launch_id: str
+    node_index: int
+    generation: int
+    disposition: NodeDisposition
+    complete: bool
+
+
+@dataclass(frozen=True, slots=True)
+class RunFrontier:
+    """What a reconcile after a completion needs to know about a run, read in
+    one snapshot.
+
+    ``complete_nodes`` counts the run's active launches that are complete
+    (any disposition), ``None`` unless asked for (counting reads every
+    launch of the run); ``has_failure`` says whether an active launch FAILED
+    or an active task is FAILED or CRASHED; ``launches`` holds the active
+    launches of the requested nodes that have one, keyed by node index.
+    """
+
+    status: RunStatus
+    node_count: int
+    complete_nodes: int | None
+    has_failure: bool
+    launches: Mapping[int, LaunchProgress]
+
+
+@runtime_checkable
+class RunFrontierStore(Protocol):
+    """Optional fast path for the reconcile after a completion (dagwerk
+    extension, issue 9): the launches around the completed nodes instead of
+    every launch of the run. Without it the orchestrator reconciles in full."""
+
+    def get_run_frontier(
+        self, run_id: str, node_indices: Sequence[int], *, count_complete: bool = False
+    ) -> RunFrontier | None:
+        """The run's frontier with the active launches of ``node_indices``
+        (indices outside the run are ignored) and, with ``count_complete``,
+        its count of complete launches; ``None`` if the run does not exist.
+        Read-only."""
         ...
 
 

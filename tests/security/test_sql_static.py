@@ -39,6 +39,9 @@ ALLOWED: dict[tuple[str, str], str] = {
     ("sqlite/gateway.py", "f'PRAGMA max_page_count = {int(self.max_page_count)}'"): (
         "PRAGMA takes no parameters; the value is forced through int()"
     ),
+    ("sqlite/gateway.py", "_SYNCHRONOUS_PRAGMAS[self.synchronous]"): (
+        "one of three literal statements, chosen by a validated option"
+    ),
     ("postgres/migrations/__init__.py", "f'CREATE SCHEMA IF NOT EXISTS {quoted}'"): (
         "an identifier cannot be a parameter; its quotes are doubled"
     ),

@@ -9,6 +9,7 @@ from dagwerk.limits import Limits
 
 from ._batch import BatchMixin
 from ._children import ChildrenMixin
+from ._frontier import FrontierMixin
 from ._gated import GatedMixin
 from ._launches import LaunchesMixin
 from ._queue import QueueMixin
@@ -17,7 +18,14 @@ from ._tasks import TasksMixin
 
 
 class MemoryStore(
-    BatchMixin, ChildrenMixin, RunsMixin, LaunchesMixin, TasksMixin, QueueMixin, GatedMixin
+    BatchMixin,
+    ChildrenMixin,
+    RunsMixin,
+    LaunchesMixin,
+    TasksMixin,
+    QueueMixin,
+    GatedMixin,
+    FrontierMixin,
 ):
     """Implements ``DagStore``, ``DagWaitStore``, ``DagRetryStore``,
     ``OutputResolver``, ``DagRunStore`` and ``RunActivityStore`` in memory.

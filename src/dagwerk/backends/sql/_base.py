@@ -257,12 +257,22 @@ class SqlStoreBase:
     def _token(self, tx: Tx, run: Row, node_index: int) -> str:
         """A token covering the run epoch, the node's generation and the state
         revision of each of its sources: any change makes it stale."""
-        rows = tx.all("nodes_of_run", {"run_id": run["run_id"]})
+        return self._token_and_generation(tx, run, node_index)[0]
+
+    def _token_and_generation(self, tx: Tx, run: Row, node_index: int) -> tuple[str, int]:
+        """:meth:`_token` and the node's generation, from the rows of the node
+        and its sources only (reading every node made each launch O(nodes))."""
+        sources = sorted(set(self._topology(run).dependencies[node_index]))
+        rows = tx.all(
+            "nodes_of_indices",
+            {"run_id": run["run_id"], "nodes": json.dumps([node_index, *sources])},
+        )
         generations = {row["node_index"]: row["generation"] for row in rows}
         revisions_by = {row["node_index"]: row["revision"] for row in rows}
-        sources = sorted(set(self._topology(run).dependencies[node_index]))
         revisions = ",".join(f"{s}:{revisions_by[s]}" for s in sources)
-        return f"{run['run_id']}|{run['epoch']}|{node_index}|{generations[node_index]}|{revisions}"
+        generation: int = generations[node_index]
+        token = f"{run['run_id']}|{run['epoch']}|{node_index}|{generation}|{revisions}"
+        return token, generation
 
     # -- hooks of the child-run and budget mixins (issue 7) ----------------------
 

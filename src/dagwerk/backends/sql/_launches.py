@@ -56,6 +56,13 @@ class LaunchesMixin(SqlStoreBase):
             error=launch["error"],
         )
 
+    def _run_head(self, tx: Tx, run_id: str) -> Row | None:
+        """The run row; without its node definitions once the run's topology is
+        cached (the definitions are only parsed once)."""
+        if run_id in self._topologies:
+            return tx.one("run_head", {"run_id": run_id})
+        return tx.one("run_get", {"run_id": run_id})
+
     def list_node_launches(self, run_id: str) -> Mapping[int, NodeLaunch]:
         with self._gw.read() as tx:
             rows = tx.all("launches_active", {"run_id": run_id})
@@ -85,7 +92,7 @@ class LaunchesMixin(SqlStoreBase):
         total_limit = _limit(max_outputs_total, "max_outputs_total")
         byte_limit = _limit(max_routing_bytes, "max_routing_bytes")
         with self._gw.read() as tx:
-            run = tx.one("run_get", {"run_id": run_id})
+            run = self._run_head(tx, run_id)
             if run is None:
                 raise InvalidStoreValueError(f"run {run_id!r} does not exist", field="run_id")
             count = run["node_count"]
@@ -100,8 +107,14 @@ class LaunchesMixin(SqlStoreBase):
                         f"edge {name!r} names an unknown source index {source!r}",
                         field="source_indices",
                     )
+            # Only the sources' launches: reading every launch of the run made
+            # each launch O(nodes).
             launches = {
-                row["node_index"]: row for row in tx.all("launches_active", {"run_id": run_id})
+                row["node_index"]: row
+                for row in tx.all(
+                    "launches_of_nodes",
+                    {"run_id": run_id, "nodes": json.dumps(sorted(set(source_indices.values())))},
+                )
             }
             outputs_by_edge: dict[str, tuple[OutputRef, ...]] = {}
             dispositions: dict[str, NodeDisposition] = {}
@@ -146,11 +159,10 @@ class LaunchesMixin(SqlStoreBase):
                             stopped = True
                             break
                 outputs_by_edge[name] = tuple(edge)
-            generation = tx.one("node_get", {"run_id": run_id, "node_index": node_index})
-            assert generation is not None  # every node of a run has its row
+            token, generation = self._token_and_generation(tx, run, node_index)
             return PlanningSnapshot.model_construct(
-                token=self._token(tx, run, node_index),
-                generation=generation["generation"],
+                token=token,
+                generation=generation,
                 outputs_by_edge=MappingProxyType(outputs_by_edge),
                 source_dispositions=MappingProxyType(dispositions),
                 runtime_inputs=loads_object(run["run_input"]),
@@ -168,7 +180,7 @@ class LaunchesMixin(SqlStoreBase):
     ) -> LaunchCreateResult:
         plans = tuple(plans)
         with self._gw.write() as tx:
-            run = tx.one("run_get", {"run_id": run_id})
+            run = self._run_head(tx, run_id)
             if run is None or run["status"] != RunStatus.RUNNING.value:
                 return _STALE
             self._validate_launch(
@@ -180,11 +192,9 @@ class LaunchesMixin(SqlStoreBase):
                 zero=zero_task_disposition,
                 error=error,
             )
-            node = tx.one("node_get", {"run_id": run_id, "node_index": node_index})
-            assert node is not None
-            generation: int = node["generation"]
+            token, generation = self._token_and_generation(tx, run, node_index)
             # OR-19: a stale token wins over an existing launch.
-            if snapshot_token != self._token(tx, run, node_index):
+            if snapshot_token != token:
                 return _STALE
             existing = tx.one("launch_active", {"run_id": run_id, "node_index": node_index})
             if existing is not None:
@@ -244,10 +254,21 @@ class LaunchesMixin(SqlStoreBase):
                     ),
                 )
             self._bump(tx, run_id, node_index)
-            launch = tx.one("launch_active", {"run_id": run_id, "node_index": node_index})
-            assert launch is not None
+            # The view of the row just written, without reading it back.
+            written = {
+                "launch_id": launch_id,
+                "run_id": run_id,
+                "node_index": node_index,
+                "generation": generation,
+                "plugin": plugin_name,
+                "disposition": NodeDisposition(disposition).value,
+                "error": error,
+                "task_count": len(plans),
+                "completed": 0,
+            }
             return LaunchCreateResult(
-                status=LaunchCreateStatus.CREATED, launch=self._launch_view(tx, launch)
+                status=LaunchCreateStatus.CREATED,
+                launch=self._launch_view(tx, written, tuple(str(row["task_id"]) for row in rows)),
             )
 
     def _validate_launch(

@@ -156,20 +156,26 @@ class RunsMixin(SqlStoreBase):
             counts = {
                 row["status"]: row["n"] for row in tx.all("task_status_counts", {"run_id": run_id})
             }
+            # Failed launches and failed tasks in one query (the nodes of
+            # both are the failed nodes): launches by node, tasks by creation.
+            rows = tx.all("run_failures", {"run_id": run_id})
             failed_launches = tuple(
-                NodeLaunchRef(row["launch_id"], row["node_index"], row["generation"])
-                for row in tx.all("failed_launches", {"run_id": run_id})
+                NodeLaunchRef(row["id"], row["node_index"], row["generation"])
+                for row in sorted(
+                    (row for row in rows if row["kind"] == "launch"),
+                    key=lambda row: row["node_index"],
+                )
             )
             failed: list[TaskAttemptRef] = []
             crashed: list[TaskAttemptRef] = []
-            for row in tx.all("failed_tasks", {"run_id": run_id}):
-                ref = TaskAttemptRef(row["task_id"], row["attempt_id"])
+            for row in sorted((row for row in rows if row["kind"] == "task"), key=_seq):
+                ref = TaskAttemptRef(row["id"], row["attempt_id"])
                 (failed if row["status"] == TaskStatus.FAILED.value else crashed).append(ref)
             return RunActivity(
                 queued=counts.get(TaskStatus.QUEUED.value, 0),
                 running=counts.get(TaskStatus.RUNNING.value, 0),
                 waiting=counts.get(TaskStatus.WAITING.value, 0),
-                failed_nodes=frozenset(self._failed_nodes(tx, run_id)),
+                failed_nodes=frozenset(row["node_index"] for row in rows),
                 failed_launches=failed_launches,
                 failed_tasks=tuple(failed),
                 crashed_tasks=tuple(crashed),
@@ -413,6 +419,11 @@ def _run_record(row: Row) -> RunRecord:
         created_at=row["created_at"],
         finished_at=row["finished_at"],
     )
+
+
+def _seq(row: Row) -> int:
+    seq: int = row["seq"]
+    return seq
 
 
 def _complete(launch: Row) -> bool:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from ._batch import BatchMixin
 from ._children import ChildrenMixin
+from ._frontier import FrontierMixin
 from ._gated import GatedMixin
 from ._launches import LaunchesMixin
 from ._queue import QueueMixin
@@ -23,6 +24,7 @@ class SqlStore(
     WaitsMixin,
     QueueMixin,
     GatedMixin,
+    FrontierMixin,
 ):
     """Implements ``DagStore``, ``DagWaitStore``, ``DagRetryStore``,
     ``OutputResolver``, ``DagRunStore``, ``RunActivityStore`` and

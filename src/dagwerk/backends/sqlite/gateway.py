@@ -129,6 +129,12 @@ class _Tx:
 SYNCHRONOUS_MODES = ("normal", "full", "extra")
 """Values of the store's ``synchronous`` option (SQLite's PRAGMA synchronous)."""
 
+_SYNCHRONOUS_PRAGMAS = {
+    "normal": "PRAGMA synchronous = NORMAL",
+    "full": "PRAGMA synchronous = FULL",
+    "extra": "PRAGMA synchronous = EXTRA",
+}
+
 
 class SqliteGateway:
     """One connection per process, shared by threads under a lock.
@@ -287,7 +293,7 @@ class SqliteGateway:
                     )
                 # In WAL mode NORMAL survives any process crash; only a power
                 # loss can drop the last commits. FULL/EXTRA fsync every commit.
-                conn.execute(f"PRAGMA synchronous = {self.synchronous.upper()}")
+                conn.execute(_SYNCHRONOUS_PRAGMAS[self.synchronous])
         except sqlite3.Error as exc:
             conn.close()
             raise translate_error(exc, f"cannot open {self.path!r}") from exc

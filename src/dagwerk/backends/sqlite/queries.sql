@@ -58,13 +58,15 @@ WHERE run_id = :run_id AND status = :old;
 SELECT status, count(*) AS n FROM dagwerk_tasks
 WHERE run_id = :run_id AND invalidated = 0 GROUP BY status;
 
--- name: failed_launches
-SELECT launch_id, node_index, generation FROM dagwerk_launches
-WHERE run_id = :run_id AND active = 1 AND disposition = 'failed' ORDER BY node_index;
-
--- name: failed_tasks
-SELECT task_id, attempt_id, status FROM dagwerk_tasks
-WHERE run_id = :run_id AND invalidated = 0 AND status IN ('failed', 'crashed') ORDER BY seq;
+-- name: run_failures
+-- The active failed launches and FAILED/CRASHED tasks of a run in one round trip.
+SELECT 'launch' AS kind, launch_id AS id, CAST(NULL AS TEXT) AS attempt_id, node_index,
+       generation, CAST(NULL AS TEXT) AS status, 0 AS seq
+FROM dagwerk_launches WHERE run_id = :run_id AND active = 1 AND disposition = 'failed'
+UNION ALL
+SELECT 'task', task_id, attempt_id, node_index, generation, status, seq
+FROM dagwerk_tasks
+WHERE run_id = :run_id AND invalidated = 0 AND status IN ('failed', 'crashed');
 
 -- name: failed_nodes
 SELECT node_index FROM dagwerk_launches
@@ -75,9 +77,6 @@ WHERE run_id = :run_id AND invalidated = 0 AND status IN ('failed', 'crashed');
 
 -- name: nodes_of_run
 SELECT node_index, generation, revision FROM dagwerk_nodes WHERE run_id = :run_id;
-
--- name: node_get
-SELECT generation, revision FROM dagwerk_nodes WHERE run_id = :run_id AND node_index = :node_index;
 
 -- name: node_bump
 UPDATE dagwerk_nodes SET revision = revision + 1
@@ -112,6 +111,39 @@ SELECT t.launch_id, t.task_id
 FROM dagwerk_launches l JOIN dagwerk_tasks t ON t.launch_id = l.launch_id
 WHERE l.run_id = :run_id AND l.active = 1
 ORDER BY t.seq;
+
+-- name: launches_of_nodes
+-- The active launches of some nodes of a run (a JSON list of node indices).
+SELECT launch_id, node_index, generation, disposition, task_count, completed
+FROM dagwerk_launches
+WHERE run_id = :run_id AND active = 1
+  AND node_index IN (SELECT value FROM json_each(:nodes));
+
+-- name: nodes_of_indices
+-- Generation and revision of some nodes of a run (a JSON list of node indices).
+SELECT node_index, generation, revision FROM dagwerk_nodes
+WHERE run_id = :run_id
+  AND node_index IN (SELECT value FROM json_each(:nodes));
+
+-- name: run_head
+-- The run row without its node definitions (the prelude is run_get's).
+SELECT run_id, status, epoch, node_count, run_input FROM dagwerk_runs WHERE run_id = :run_id;
+
+-- name: run_frontier
+-- Status, complete launches (counted only when :count = 1: it reads every
+-- launch of the run) and whether anything failed, for a targeted reconcile.
+SELECT r.status, r.node_count,
+       CASE WHEN :count = 1 THEN
+           (SELECT count(*) FROM dagwerk_launches l
+             WHERE l.run_id = r.run_id AND l.active = 1
+               AND (l.disposition <> 'launched' OR l.completed = l.task_count))
+       END AS complete_nodes,
+       (EXISTS (SELECT 1 FROM dagwerk_launches l
+                 WHERE l.run_id = r.run_id AND l.active = 1 AND l.disposition = 'failed')
+        OR EXISTS (SELECT 1 FROM dagwerk_tasks t
+                    WHERE t.run_id = r.run_id AND t.invalidated = 0
+                      AND t.status IN ('failed', 'crashed'))) AS has_failure
+FROM dagwerk_runs r WHERE r.run_id = :run_id;
 
 -- name: launch_insert
 INSERT INTO dagwerk_launches

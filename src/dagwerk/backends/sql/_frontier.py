@@ -1,0 +1,43 @@
+"""The run frontier of the SQL store (issue 9, ``RunFrontierStore``)."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+
+from dagwerk.constants import NodeDisposition, RunStatus
+from dagwerk.store import LaunchProgress, RunFrontier
+
+from ._base import SqlStoreBase
+
+
+class FrontierMixin(SqlStoreBase):
+    def get_run_frontier(
+        self, run_id: str, node_indices: Sequence[int], *, count_complete: bool = False
+    ) -> RunFrontier | None:
+        nodes = sorted({index for index in node_indices if type(index) is int})
+        with self._gw.read() as tx:
+            run = tx.one("run_frontier", {"run_id": run_id, "count": 1 if count_complete else 0})
+            if run is None:
+                return None
+            launches: dict[int, LaunchProgress] = {}
+            if nodes:
+                for row in tx.all(
+                    "launches_of_nodes", {"run_id": run_id, "nodes": json.dumps(nodes)}
+                ):
+                    disposition = NodeDisposition(row["disposition"])
+                    launches[row["node_index"]] = LaunchProgress(
+                        launch_id=row["launch_id"],
+                        node_index=row["node_index"],
+                        generation=row["generation"],
+                        disposition=disposition,
+                        complete=disposition is not NodeDisposition.LAUNCHED
+                        or row["completed"] == row["task_count"],
+                    )
+            return RunFrontier(
+                status=RunStatus(run["status"]),
+                node_count=run["node_count"],
+                complete_nodes=run["complete_nodes"],
+                has_failure=bool(run["has_failure"]),
+                launches=launches,
+            )

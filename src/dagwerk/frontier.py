@@ -1,0 +1,155 @@
+"""The reconcile after a completion, from the completed nodes' neighbourhood
+(issue 9).
+
+:func:`~dagwerk.orchestrator.reconcile_run` reads every launch of the run, so
+a run of ``n`` nodes costs O(n) per completion and O(n²) in all. After the
+launch of node ``X`` completes, only ``X``'s children can have become ready;
+:func:`reconcile_after_completion` reads the launches of those children and
+of their parents (:class:`~dagwerk.store.RunFrontierStore`) and launches the
+ready ones, exactly as the full reconcile would have, in index order.
+
+It hands the run to the full reconcile whenever the neighbourhood cannot
+decide: a store without the frontier or the topology cache, a policy other
+than ``fail_fast``, any failure in the run, a launch that completes at once
+(zero tasks: its own children may be ready) or fails, and a run whose every
+node is complete (finalisation: counted only when a completed node is a
+leaf). The full reconcile stays the repair path:
+a ready node outside the neighbourhood (e.g. one deferred after stale
+snapshots) waits for the next full reconcile (the backstop's, at the latest).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+
+from dagwerk.constants import FailurePolicy, NodeDisposition, RunStatus
+from dagwerk.limits import Limits
+from dagwerk.orchestrator import (
+    OrchestratorCallbacks,
+    _cached_topology,
+    _failure_policy,
+    _limits_of,
+    _Reconciler,
+    _topology_cache,
+    reconcile_run,
+)
+from dagwerk.store import (
+    DagStore,
+    LaunchProgress,
+    RunFrontier,
+    RunFrontierStore,
+    StoreContractError,
+)
+from dagwerk.topology import RunTopology
+
+__all__ = ["reconcile_after_completion"]
+
+_FAILED = frozenset({NodeDisposition.FAILED, NodeDisposition.UPSTREAM_FAILED})
+
+
+def reconcile_after_completion(
+    store: DagStore,
+    run_id: str,
+    completed: Iterable[int],
+    *,
+    callbacks: OrchestratorCallbacks,
+    limits: Limits | None = None,
+) -> None:
+    """Reconcile a run after the launches of the ``completed`` node indices
+    completed; the same outcome as :func:`~dagwerk.orchestrator.reconcile_run`
+    for a run that was reconciled before those completions.
+
+    Does nothing unless the run is RUNNING. Falls back to ``reconcile_run``
+    when ``completed`` is empty or the neighbourhood cannot decide (see the
+    module docstring). Safe to call after any commit, any number of times.
+    """
+    nodes = sorted(set(completed))
+    limits = _limits_of(store, limits)
+    cache = _topology_cache(store, limits)
+    if (
+        not nodes
+        or cache is None
+        or not isinstance(store, RunFrontierStore)
+        or _failure_policy(store, run_id) is not FailurePolicy.FAIL_FAST
+    ):
+        reconcile_run(store, run_id, callbacks=callbacks, limits=limits)
+        return
+    topology = _cached_topology(cache, run_id)
+    count = 0 if topology is None else len(topology.nodes)
+    if topology is None or any(type(i) is not int or not 0 <= i < count for i in nodes):
+        reconcile_run(store, run_id, callbacks=callbacks, limits=limits)
+        return
+    if not _advance_children(store, store, run_id, topology, nodes, callbacks, limits):
+        reconcile_run(store, run_id, callbacks=callbacks, limits=limits)
+
+
+def _advance_children(  # noqa: PLR0917 (private helper)
+    store: DagStore,
+    frontier_store: RunFrontierStore,
+    run_id: str,
+    topology: RunTopology,
+    completed: list[int],
+    callbacks: OrchestratorCallbacks,
+    limits: Limits,
+) -> bool:
+    """Launch the ready children of ``completed``; False when the full
+    reconcile must decide instead."""
+    children = sorted({kid for index in completed for kid in topology.children[index]})
+    wanted = set(children)
+    for kid in children:
+        wanted.update(topology.dependencies[kid])
+    # Only a completed leaf can have completed the run: a completed node's
+    # child without a complete launch proves the run unfinished for free.
+    leaf = any(not topology.children[index] for index in completed)
+    frontier = frontier_store.get_run_frontier(run_id, sorted(wanted), count_complete=leaf)
+    if frontier is None:
+        return True  # no run: the full reconcile would do nothing either
+    launches = _checked_launches(frontier, run_id, wanted, len(topology.nodes))
+    if frontier.status is not RunStatus.RUNNING:
+        return True
+    if frontier.has_failure:
+        return False
+    if leaf:
+        found = frontier.complete_nodes
+        if type(found) is not int:
+            raise StoreContractError("get_run_frontier did not count the complete launches")
+        if found >= len(topology.nodes):
+            return False
+    if children and all(kid in launches and launches[kid].complete for kid in children):
+        return False  # not after a plain completion: let the full reconcile judge
+    dependencies = topology.dependencies
+    ready = [
+        kid
+        for kid in children
+        if kid not in launches
+        and all(p in launches and launches[p].complete for p in dependencies[kid])
+    ]
+    reconciler = _Reconciler(store, run_id, topology, callbacks, limits)
+    for kid in ready:
+        launch = reconciler._launch(kid, None)
+        if launch is None:
+            continue  # deferred after stale snapshots, as in the full reconcile
+        if launch.complete or launch.disposition in _FAILED:
+            # A zero-task launch may unlock its own children; a failed one
+            # finalises the run: both are the full reconcile's business.
+            return False
+    return True
+
+
+def _checked_launches(
+    frontier: object, run_id: str, wanted: set[int], count: int
+) -> Mapping[int, LaunchProgress]:
+    if not isinstance(frontier, RunFrontier):
+        raise StoreContractError("get_run_frontier returned a value outside the protocol")
+    if not isinstance(frontier.status, RunStatus) or frontier.node_count != count:
+        raise StoreContractError(f"get_run_frontier of run {run_id!r} disagrees with its topology")
+    if not isinstance(frontier.launches, Mapping):
+        raise StoreContractError("get_run_frontier launches must be a mapping")
+    for index, launch in frontier.launches.items():
+        if (
+            not isinstance(launch, LaunchProgress)
+            or index not in wanted
+            or launch.node_index != index
+        ):
+            raise StoreContractError(f"frontier launch key {index!r} is not a requested node")
+    return frontier.launches

@@ -1,0 +1,111 @@
+"""The SQL store's reconcile after a completion reads what the hop needs, not
+the whole run (issue 9): its statements neither name every node or launch of
+the run nor grow with the run's size."""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from dagwerk.backends.sqlite import SqliteStore
+from dagwerk.backends.sqlite import gateway as sqlite_gateway
+from dagwerk.execution import claim_task
+from dagwerk.frontier import reconcile_after_completion
+from dagwerk.models import EmittedOutput
+from dagwerk.testing.helpers import CallbackLog, chain, new_run, only_task
+
+# Blocks that read every node or launch of a run, or the run's definitions.
+_WHOLE_RUN_READS = {"nodes_of_run", "launches_active", "launch_task_ids_of_run", "run_get"}
+
+
+@pytest.fixture
+def statements(monkeypatch: pytest.MonkeyPatch) -> Iterator[Counter[str]]:
+    counts: Counter[str] = Counter()
+    execute = sqlite_gateway._Tx._execute
+    many = sqlite_gateway._Tx.many
+
+    def counted_execute(self: object, name: str, params: object) -> object:
+        counts[name] += 1
+        return execute(self, name, params)  # type: ignore[arg-type]
+
+    def counted_many(self: object, name: str, rows: object) -> None:
+        counts[name] += 1
+        many(self, name, rows)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(sqlite_gateway._Tx, "_execute", counted_execute)
+    monkeypatch.setattr(sqlite_gateway._Tx, "many", counted_many)
+    yield counts
+
+
+def _hop(store: SqliteStore, log: CallbackLog, node_index: int) -> None:
+    record = only_task(store, "run-1", node_index)
+    won = claim_task(
+        store,
+        record.task_id,
+        expected_attempt_id=record.attempt_id,
+        expected_generation=record.generation,
+    )
+    assert won is not None
+    outputs = (EmittedOutput(id=f"o{node_index}", fields={"n": node_index}),)
+    result = store.try_complete_task(record.task_id, outputs, expected_attempt_id=won.attempt_id)
+    assert result is not None and result.launch_complete
+
+
+def _reconcile_statements(tmp_path: Path, statements: Counter[str], length: int) -> Counter[str]:
+    """The statements of the reconcile after the 6th hop of a chain."""
+    store = SqliteStore(f"sqlite:///{tmp_path / f'chain-{length}.db'}")
+    try:
+        log = new_run(store, chain(length))
+        for index in range(5):
+            _hop(store, log, index)
+            reconcile_after_completion(store, "run-1", [index], callbacks=log.callbacks)
+        _hop(store, log, 5)
+        statements.clear()
+        reconcile_after_completion(store, "run-1", [5], callbacks=log.callbacks)
+        found = Counter(statements)
+        assert 6 in store.list_node_launches("run-1")
+        return found
+    finally:
+        store.close()
+
+
+def test_a_hop_reads_no_whole_run_rows(tmp_path: Path, statements: Counter[str]) -> None:
+    found = _reconcile_statements(tmp_path, statements, 40)
+    assert not _WHOLE_RUN_READS & set(found), found
+    # Frontier (2), snapshot (4), launch creation (8).
+    assert sum(found.values()) <= 14, found
+
+
+def test_a_hop_costs_the_same_statements_in_a_longer_chain(
+    tmp_path: Path, statements: Counter[str]
+) -> None:
+    short = _reconcile_statements(tmp_path, statements, 10)
+    long = _reconcile_statements(tmp_path, statements, 120)
+    assert short == long
+
+
+def test_run_activity_reads_in_three_statements(tmp_path: Path, statements: Counter[str]) -> None:
+    store = SqliteStore(f"sqlite:///{tmp_path / 'activity.db'}")
+    try:
+        new_run(store, chain(3))
+        record = only_task(store, "run-1", 0)
+        won = claim_task(
+            store,
+            record.task_id,
+            expected_attempt_id=record.attempt_id,
+            expected_generation=record.generation,
+        )
+        assert won is not None
+        assert store.mark_task_failed(record.task_id, "boom", expected_attempt_id=won.attempt_id)
+        statements.clear()
+        activity = store.get_run_activity("run-1")
+        assert sum(statements.values()) <= 3, statements
+        assert activity is not None
+        assert activity.failed_nodes == frozenset({0})
+        assert [ref.task_id for ref in activity.failed_tasks] == [record.task_id]
+        assert activity.failed_launches == () and activity.crashed_tasks == ()
+    finally:
+        store.close()
