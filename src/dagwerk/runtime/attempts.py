@@ -16,7 +16,10 @@ from dagwerk.runtime.plugins import PluginSpec
 from dagwerk.runtime.retry_policy import RetryPolicy
 from dagwerk.store import DagBudgetStore, DagChildStore, LeasedDelivery, TaskRecord
 
-__all__ = ["Attempt", "BatchReads", "Running"]
+__all__ = ["LINKS_KEPT", "Attempt", "BatchReads", "Running"]
+
+LINKS_KEPT = 4096
+"""How many runs' lineage links a worker keeps between batches."""
 
 
 @dataclass(slots=True)
@@ -74,18 +77,23 @@ class BatchReads:
         *,
         child_store: DagChildStore | None,
         budget_store: DagBudgetStore | None,
+        links: dict[str, RunLink | None] | None = None,
     ) -> None:
         self._store = store
         self._child_store = child_store
         self._budget_store = budget_store
         self._plans = plans
-        self._links: dict[str, RunLink | None] = {}
+        # A run's link is written with the run and never changes, so a
+        # worker may keep the links it read across batches.
+        self._links: dict[str, RunLink | None] = {} if links is None else links
         self._budgets: dict[str, tuple[AccountUsage, ...]] = {}
         self._resolvers: dict[str, Any] = {}
 
     def link(self, run_id: str) -> RunLink | None:
         if run_id not in self._links:
             store = self._child_store
+            if len(self._links) >= LINKS_KEPT:
+                self._links.clear()
             self._links[run_id] = None if store is None else store.get_run_link(run_id)
         return self._links[run_id]
 

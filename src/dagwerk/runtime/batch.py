@@ -78,7 +78,11 @@ def _run_claimed(worker: Worker, claimed: list[ClaimedDelivery]) -> None:
         assert claim.task is not None
         plans[claim.delivery.run_id].append(claim.task)
     reads = BatchReads(
-        worker.store, plans, child_store=worker.child_store, budget_store=worker.budget_store
+        worker.store,
+        plans,
+        child_store=worker.child_store,
+        budget_store=worker.budget_store,
+        links=worker.run_links,
     )
     leased_bound = worker.lease_bound(None)
     attempts: list[Attempt] = []

@@ -41,7 +41,7 @@ from dagwerk.budgets import BudgetExhaustedError
 from dagwerk.constants import RunStatus, TaskStatus
 from dagwerk.errors import DagwerkError
 from dagwerk.execution import claim_task, recover_task
-from dagwerk.lineage import DEFAULT_MAX_CHILD_DEPTH
+from dagwerk.lineage import DEFAULT_MAX_CHILD_DEPTH, RunLink
 from dagwerk.models import DagNode
 from dagwerk.orchestrator import (
     OrchestratorCallbacks,
@@ -206,6 +206,7 @@ class Worker:
         # Protocol checks walk every member of the protocol; a worker asks
         # them once here, not per delivery.
         self.child_store: DagChildStore | None = store if isinstance(store, DagChildStore) else None
+        self.run_links: dict[str, RunLink | None] = {}  # kept across batches (immutable)
         self.budget_store: DagBudgetStore | None = (
             store if isinstance(store, DagBudgetStore) else None
         )

@@ -116,13 +116,16 @@ class QueueMixin(SqlStoreBase):
                 # Noted rows stay candidates in this transaction, so the
                 # query reaches past them; each round leases or notes a new
                 # row, or ends the loop.
+                asked = limit - len(leased) + len(spent)
                 rows = tx.all(
-                    "queue_candidates",
-                    {"now": now, "queues": queue_filter, "limit": limit - len(leased) + len(spent)},
+                    "queue_candidates", {"now": now, "queues": queue_filter, "limit": asked}
                 )
                 fresh = [row for row in rows if row["delivery_id"] not in spent]
                 if not fresh:
                     break
+                # Fewer rows than asked for: there is nothing beyond them, so
+                # this round is the last (saves an empty query per dequeue).
+                exhausted = len(rows) < asked
                 expires = now + lease
                 taken: list[Row] = []
                 for row in fresh:
@@ -133,6 +136,8 @@ class QueueMixin(SqlStoreBase):
                         continue
                     taken.append(row)
                 if not taken:
+                    if exhausted:
+                        break
                     continue
                 # One statement each for the round's rows, before the next
                 # round's query (which must no longer see them).
@@ -159,6 +164,8 @@ class QueueMixin(SqlStoreBase):
                     ],
                 )
                 leased.extend(_leased(row, worker_id, expires) for row in taken)
+                if exhausted:
+                    break
             if claims is not None and leased:
                 claims.extend(self._claim_many(tx, leased))
         for row in spent.values():
