@@ -148,3 +148,45 @@ def test_an_unknown_synchronous_value_is_a_typed_error_naming_the_field(tmp_path
         SqliteStore(f"sqlite:///{tmp_path / 'y.db'}?synchronous=off")
     assert raised.value.field == "url"
     assert not (tmp_path / "x.db").exists()
+
+
+_OPENERS = 12
+_OPEN = """
+import os, sys, time
+from dagwerk.backends.sqlite import SqliteStore
+from dagwerk.models import DagNode
+go, db, n = sys.argv[1], sys.argv[2], sys.argv[3]
+deadline = time.monotonic() + 30
+while not os.path.exists(go):
+    if time.monotonic() > deadline:
+        sys.exit(3)
+    time.sleep(0.001)
+store = SqliteStore(db)
+store.create_run("run-" + n, [DagNode(slug="a", plugin="p")])
+store.close()
+"""
+
+
+def test_processes_opening_a_new_database_at_once_all_succeed(tmp_path: Path) -> None:
+    # Opening switches the file to WAL and migrates it; a second process doing
+    # the same mid-migration used to fail with "database is locked".
+    db, go = tmp_path / "new.db", tmp_path / "go"
+    procs = [
+        subprocess.Popen(
+            [sys.executable, "-c", _OPEN, str(go), str(db), str(n)],
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        for n in range(_OPENERS)
+    ]
+    go.touch()
+    errors = []
+    for proc in procs:
+        _, err = proc.communicate(timeout=60)
+        if proc.returncode != 0:
+            errors.append(err)
+    assert errors == []
+    store = SqliteStore(str(db))
+    runs = {r.run_id for r in store.list_runs(limit=_OPENERS)}
+    assert runs == {f"run-{n}" for n in range(_OPENERS)}
+    store.close()

@@ -170,9 +170,9 @@ class SqliteGateway:
         self._lock = threading.Lock()
         self._pid = os.getpid()
         self._conn: sqlite3.Connection | None = None
-        self._conn = self._connect()
         self._queue_fd: int | None = None
         self._queue_pid = -1
+        self._conn = self._connect()
         # In-memory databases are private to this gateway; files are shared
         # by every gateway of this process that opens the same path.
         key = f"memory:{id(self)}" if self.in_memory else os.path.realpath(path)
@@ -286,7 +286,7 @@ class SqliteGateway:
             if self.max_page_count is not None:
                 conn.execute(f"PRAGMA max_page_count = {int(self.max_page_count)}")
             if not self.in_memory:
-                mode = conn.execute("PRAGMA journal_mode = WAL").fetchone()[0]
+                mode = self._switch_to_wal(conn)
                 if str(mode).lower() != "wal":
                     raise StoreReadOnlyError(
                         f"cannot switch {self.path!r} to WAL mode (journal mode {mode!r})"
@@ -301,6 +301,26 @@ class SqliteGateway:
             conn.close()
             raise
         return conn
+
+    def _switch_to_wal(self, conn: sqlite3.Connection) -> object:
+        """``PRAGMA journal_mode = WAL``, retried while the file is locked.
+
+        Switching the journal mode needs the database to itself, and SQLite
+        answers ``database is locked`` at once (without its busy handler)
+        when another connection is mid-transaction, e.g. a second worker
+        starting while the first migrates a new file. A refusal is retried
+        with a short back-off until the busy timeout passes.
+        """
+        deadline = time.monotonic() + self.busy_timeout
+        pause = 0.001
+        while True:
+            try:
+                return conn.execute("PRAGMA journal_mode = WAL").fetchone()[0]
+            except sqlite3.OperationalError as exc:
+                if "locked" not in str(exc) or time.monotonic() >= deadline:
+                    raise
+            time.sleep(pause)  # another connection holds the file: back off
+            pause = min(pause * 2, 0.05)
 
     def _connection(self) -> sqlite3.Connection:
         if self._conn is None:
