@@ -24,6 +24,7 @@ from __future__ import annotations
 
 from dagwerk.testing.contract_backstop import *  # noqa: F403
 from dagwerk.testing.contract_batch import *  # noqa: F403
+from dagwerk.testing.contract_batch_ack import *  # noqa: F403
 from dagwerk.testing.contract_budgets import *  # noqa: F403
 from dagwerk.testing.contract_children import *  # noqa: F403
 from dagwerk.testing.contract_claims import *  # noqa: F403
