@@ -1,0 +1,434 @@
+"""The dagwerk extensions of the store protocols: the durable queue, batched
+worker operations, the gated-dispatch backstop, child runs and budgets.
+
+Re-exported by :mod:`dagwerk.store`, which holds the seed's protocols; import
+them from there.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Protocol, runtime_checkable
+
+from dagwerk._store_types import (
+    Delivery,
+    TaskAttemptRef,
+    TaskCompletionResult,
+    TaskRecord,
+    TaskWaitResult,
+)
+from dagwerk.budgets import AccountUsage, Admission, Budget
+from dagwerk.constants import (
+    FailurePolicy,
+    RunStatus,
+)
+from dagwerk.errors import DagwerkError
+from dagwerk.lineage import RunLink
+from dagwerk.models import (
+    DagNode,
+    EmittedOutput,
+)
+
+# --- dagwerk extension: the durable queue -------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class LeasedDelivery:
+    """A delivery leased to one worker until ``lease_expires_at`` (clock seconds).
+
+    ``delivery_count`` counts this lease too (the first lease has count 1).
+    The claim, not the lease, decides whether the attempt may run: a lease
+    only hides the row from other workers for a while.
+    """
+
+    delivery_id: str
+    task_id: str
+    attempt_id: str
+    generation: int
+    run_id: str
+    node_index: int
+    launch_id: str
+    queue: str
+    priority: int
+    delivery_count: int
+    worker_id: str
+    lease_expires_at: float
+
+    @property
+    def delivery(self) -> Delivery:
+        """The plain outbox view of this row."""
+        return Delivery(
+            delivery_id=self.delivery_id,
+            task_id=self.task_id,
+            attempt_id=self.attempt_id,
+            generation=self.generation,
+            run_id=self.run_id,
+            node_index=self.node_index,
+            launch_id=self.launch_id,
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class DeadLetter:
+    """A delivery parked out of the queue, with the reason it was parked.
+
+    ``reinjected_attempt_id`` is the attempt a re-injection created, ``None``
+    while the dead letter has not been re-injected.
+    """
+
+    dead_letter_id: str
+    delivery_id: str
+    task_id: str
+    attempt_id: str
+    generation: int
+    run_id: str
+    node_index: int
+    launch_id: str
+    queue: str
+    priority: int
+    delivery_count: int
+    reason: str
+    dead_at: float
+    reinjected_attempt_id: str | None
+
+
+@runtime_checkable
+class DagQueueStore(Protocol):
+    """The durable queue over the outbox rows (dagwerk extension).
+
+    Every outbox row written by a launch, recovery, resume or retry is a queue
+    row with a queue name, an integer priority (higher first) and an
+    ``available_at`` time. Time comes from the store's injected clock.
+    A lease is a visibility timeout: while it runs the row is hidden from
+    other workers; once it expires the row is deliverable again. Each method
+    is one transaction.
+    """
+
+    max_deliveries: int
+    """How many leases a row may receive; the next dequeue dead-letters it."""
+
+    def dequeue(
+        self,
+        worker_id: str,
+        *,
+        limit: int,
+        lease_seconds: float,
+        queues: Sequence[str] | None = None,
+        wait_seconds: float = 0.0,
+    ) -> list[LeasedDelivery]:
+        """Lease up to ``limit`` rows to ``worker_id`` in one transaction.
+
+        Candidates are available now (``available_at`` reached, no live lease)
+        and in one of ``queues`` (any queue when ``None``), taken by priority
+        (highest first), then availability, then creation order. Each leased
+        row's delivery count increments. A candidate that has already been
+        leased ``max_deliveries`` times is moved to the dead-letter table with
+        reason ``"max_deliveries"`` instead, and does not count towards
+        ``limit``; in the same commit its task (when the row's attempt is
+        still current, QUEUED or RUNNING) becomes CRASHED with the error
+        ``"dead-lettered: <reason>"`` and is reported by
+        :meth:`take_dead_lettered`. Returns the leased rows in that order.
+
+        When nothing is deliverable it waits up to ``wait_seconds`` (wall
+        time) for work, waking as soon as work is enqueued where the backend
+        can tell; empty when the wait ends without work.
+        """
+        ...
+
+    def take_dead_lettered(self) -> list[TaskAttemptRef]:
+        """Drain the tasks this process's dequeues crashed by dead-lettering
+        since the last call, so the caller can apply the run's failure policy
+        (``orchestrator.settle_crashed_task``)."""
+        ...
+
+    def ack(self, delivery_id: str, worker_id: str) -> bool:
+        """Remove the row if ``worker_id`` holds its lease (live or expired but
+        not taken over). True iff this call removed it."""
+        ...
+
+    def nack(
+        self,
+        delivery_id: str,
+        worker_id: str,
+        *,
+        delay: float = 0.0,
+        poison: bool = False,
+        reason: str = "",
+    ) -> bool:
+        """Give the row back: it becomes deliverable ``delay`` seconds from now,
+        keeping its delivery count. With ``poison`` it moves to the dead-letter
+        table with ``reason`` instead. Only the lease holder may nack; False
+        (nothing changed) otherwise."""
+        ...
+
+    def extend_lease(self, delivery_id: str, worker_id: str, lease_seconds: float) -> bool:
+        """Heartbeat: the lease now ends ``lease_seconds`` from now. Only the
+        holder of a live lease may extend it; an expired lease cannot be
+        revived (another worker may already see the row). False otherwise."""
+        ...
+
+    def list_dead_letters(self, run_id: str | None = None) -> list[DeadLetter]:
+        """Dead letters (re-injected ones included) in the order they were parked."""
+        ...
+
+    def reinject_dead_letter(self, dead_letter_id: str) -> str | None:
+        """One transaction: give the dead letter's task a fresh attempt and a
+        new queue row, and mark the dead letter re-injected.
+
+        Applies while the dead letter's attempt is still the task's current
+        attempt (a task crashed by the dead-lettering included), the task is
+        QUEUED, RUNNING or CRASHED in its active launch
+        and the run is RUNNING. Returns the new attempt ID. ``None`` (nothing
+        changed) for an unknown or already re-injected dead letter, or when
+        the task moved on; so of two racing callers at most one succeeds.
+        """
+        ...
+
+
+# --- dagwerk extension: batched worker operations -----------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class ClaimedDelivery:
+    """One row leased by :meth:`BatchQueueStore.claim_deliveries`.
+
+    ``task`` is the task as the claim left it (RUNNING under the delivery's
+    attempt) when the claim succeeded, and ``None`` when it was refused (the
+    run is not RUNNING, the attempt or generation moved on, the task is not
+    QUEUED, ...): the lease still holds and the caller decides what to do
+    with the row, as after a plain ``dequeue`` and a refused ``try_claim_task``.
+    """
+
+    delivery: LeasedDelivery
+    task: TaskRecord | None
+
+
+@dataclass(frozen=True, slots=True)
+class CompletionRequest:
+    """One completion for :meth:`BatchQueueStore.complete_and_ack`."""
+
+    task_id: str
+    expected_attempt_id: str
+    outputs: tuple[EmittedOutput, ...]
+    delivery_id: str
+
+
+CompletionOutcome = TaskCompletionResult | None | DagwerkError
+"""Per request: the completion record, ``None`` (not accepted), or the typed
+error that refused it (nothing of that request was written)."""
+
+
+@runtime_checkable
+class BatchQueueStore(Protocol):
+    """Several worker transitions per commit (dagwerk extension, issue 9).
+
+    Each method does what a sequence of single operations does, with the same
+    fencing and validation, but in fewer transactions: nothing is weaker, a
+    crash between two commits leaves the state those single operations would
+    have left.
+    """
+
+    def claim_deliveries(
+        self,
+        worker_id: str,
+        *,
+        limit: int,
+        lease_seconds: float,
+        queues: Sequence[str] | None = None,
+        wait_seconds: float = 0.0,
+    ) -> list[ClaimedDelivery]:
+        """:meth:`DagQueueStore.dequeue`, then for every leased row
+        ``try_claim_task(task_id, expected_attempt_id=row.attempt_id,
+        expected_generation=row.generation)``; the claims commit together
+        (with the leases, where the backend can do so without a lock-order
+        hazard). Same arguments, waiting and dead-lettering as ``dequeue``;
+        one entry per leased row, in lease order."""
+        ...
+
+    def complete_and_ack(
+        self, worker_id: str, requests: Sequence[CompletionRequest]
+    ) -> list[CompletionOutcome]:
+        """For each request in order, ``try_complete_task(task_id, outputs,
+        expected_attempt_id=...)``, and when it did not raise,
+        ``ack(delivery_id, worker_id)``; all in one commit. A request whose
+        completion raises a :class:`~dagwerk.errors.DagwerkError` (outputs
+        refused, budget exhausted, ...) writes nothing, is not acked and gets
+        the error as its outcome; the other requests are unaffected. Any
+        other error rolls the whole call back and propagates."""
+        ...
+
+
+# --- dagwerk extension: the gated-dispatch backstop ---------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class StallRecord:
+    """A persisted stall of a run: first seen at ``detected_at`` (store clock
+    seconds), with the reason and held nodes of its latest observation."""
+
+    run_id: str
+    reason: str
+    held_nodes: tuple[int, ...]
+    detected_at: float
+
+
+@dataclass(frozen=True, slots=True)
+class QueueStats:
+    """One queue's backlog: rows waiting for a worker, and the store time since
+    which the oldest deliverable row has been deliverable (``None``: none is)."""
+
+    queue: str
+    depth: int
+    oldest_available_at: float | None
+
+
+@runtime_checkable
+class BackstopStore(Protocol):
+    """What the periodic backstop needs from a store (dagwerk extension).
+
+    Time comes from the store's clock. Each method is one transaction.
+    """
+
+    def try_acquire_lease(self, name: str, holder: str, seconds: float) -> bool:
+        """Take or renew the named lease for ``seconds``: True when it was free,
+        expired or already held by ``holder``; False (nothing changed) while
+        another holder's lease is live. Of two racing callers at most one wins."""
+        ...
+
+    def release_lease(self, name: str, holder: str) -> bool:
+        """Drop the named lease if ``holder`` holds it (live or expired); True
+        iff this call dropped it."""
+        ...
+
+    def repair_missing_deliveries(self, run_id: str) -> list[str]:
+        """Re-create the outbox row of every QUEUED task of the run's active
+        generation whose current attempt has neither a queue row nor a
+        dead letter that was not re-injected (an invariant violation), keeping
+        the attempt and its lost-delivery count. Only for a RUNNING run.
+        Returns the repaired task IDs in creation order; an exact repeat
+        repairs nothing and returns an empty list."""
+        ...
+
+    def wait_ages(self, run_id: str) -> Mapping[str, float]:
+        """``{task_id: seconds since its wait began}`` for each WAITING task of
+        the run's active generation, measured from the store time that
+        ``try_wait_task`` committed with the wait (empty for a missing or
+        non-RUNNING run). Read-only."""
+        ...
+
+    def try_record_stall(self, run_id: str, reason: str, held_nodes: tuple[int, ...]) -> bool:
+        """Persist that the run is stalled. True iff no stall was recorded for
+        the run (a new stall: emit its event); otherwise the record's reason
+        and held nodes are updated, its detection time kept, and False."""
+        ...
+
+    def clear_stall(self, run_id: str) -> bool:
+        """Forget the run's stall; True iff one was recorded."""
+        ...
+
+    def list_stalls(self) -> list[StallRecord]:
+        """Every recorded stall, oldest detection first."""
+        ...
+
+    def queue_stats(self) -> list[QueueStats]:
+        """Per queue with rows: the rows not under a live lease and the
+        oldest ``available_at`` among rows deliverable now, by queue name. Read-only."""
+        ...
+
+    def run_status_counts(self) -> Mapping[RunStatus, int]:
+        """How many runs have each status (absent: none). Read-only."""
+        ...
+
+
+# --- dagwerk extension: composite child runs and budgets (issue 7) ------------
+
+
+@runtime_checkable
+class DagChildStore(Protocol):
+    """Child runs with persisted lineage (see :mod:`dagwerk.lineage`).
+
+    A child run's terminal transition resumes its waiting parent task in the
+    same commit, with :func:`~dagwerk.lineage.child_result_payload` as the
+    wait response; a run's FAILED, CRASHED or CANCELLED transition cancels
+    its unfinished descendants in the same commit.
+    """
+
+    def create_child_run(
+        self,
+        run_id: str,
+        nodes: Sequence[DagNode],
+        *,
+        link: RunLink,
+        run_input: Mapping[str, object] | None = None,
+        failure_policy: FailurePolicy | str = FailurePolicy.FAIL_FAST,
+        budget: Budget | None = None,
+    ) -> bool:
+        """As ``create_run``, storing ``link`` (its ``wait_id`` must be ``None``)
+        and an optional own budget; the run also draws on its parent's budget
+        accounts. False (no change) if the run exists."""
+        ...
+
+    def try_wait_for_child(
+        self,
+        task_id: str,
+        *,
+        expected_attempt_id: str,
+        expected_generation: int,
+        nodes: Sequence[DagNode],
+        link: RunLink,
+        run_input: Mapping[str, object] | None = None,
+        failure_policy: FailurePolicy | str = FailurePolicy.FAIL_FAST,
+        budget: Budget | None = None,
+    ) -> TaskWaitResult | None:
+        """One transaction: create the child ``link.run_id`` already RUNNING
+        (its roots are launched by the next reconcile, the caller's or a
+        backstop pass's, so a crash in between strands nothing) and move the
+        current RUNNING attempt to WAITING under ``link.wait_id``. ``None``
+        (nothing changed): not the current RUNNING attempt, a wait already
+        active, the wait ID used before, or the child run exists."""
+        ...
+
+    def get_run_link(self, run_id: str) -> RunLink | None:
+        """The child record of a run; ``None`` for a root or unknown run."""
+        ...
+
+    def list_child_runs(self, run_id: str) -> list[str]:
+        """IDs of the runs started by tasks of ``run_id``, oldest first."""
+        ...
+
+
+@runtime_checkable
+class DagBudgetStore(Protocol):
+    """Per-run budgets (see :mod:`dagwerk.budgets`)."""
+
+    def try_set_run_budget(self, run_id: str, budget: Budget) -> bool:
+        """Give a PENDING run without budget accounts its own budget. False
+        (no change) otherwise."""
+        ...
+
+    def get_run_budget(self, run_id: str) -> tuple[AccountUsage, ...]:
+        """Usage of every account the run draws on (own first, then its
+        ancestors'); empty without budgets. Read-only."""
+        ...
+
+    def try_admit_task(
+        self,
+        task_id: str,
+        *,
+        expected_attempt_id: str,
+        input_bytes: int,
+        cost_units: int | None,
+    ) -> Admission:
+        """One transaction fenced by the current RUNNING attempt: charge
+        ``input_bytes`` and hold ``cost_units`` on every account of the run,
+        or nothing. STALE: not the current RUNNING attempt (nothing consumed);
+        EXHAUSTED: an account has no room (nothing consumed); an exact repeat
+        is ADMITTED again without a second charge.
+
+        ``try_complete_task`` of a run with accounts charges the canonical
+        bytes of its outputs and converts the attempt's hold into a charge in
+        its own commit, or raises :class:`~dagwerk.budgets.BudgetExhaustedError`
+        before any write.
+        """
+        ...
