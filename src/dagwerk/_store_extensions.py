@@ -8,6 +8,7 @@ them from there.
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from typing import Protocol, runtime_checkable
 
@@ -256,6 +257,27 @@ class BatchQueueStore(Protocol):
         refused, budget exhausted, ...) writes nothing, is not acked and gets
         the error as its outcome; the other requests are unaffected. Any
         other error rolls the whole call back and propagates."""
+        ...
+
+
+@runtime_checkable
+class UnitOfWorkStore(Protocol):
+    """Several store calls of one thread in one transaction (dagwerk
+    extension, issue 9).
+
+    Inside ``with store.unit_of_work():`` every store call the entering
+    thread makes joins one write transaction that commits when the block
+    ends; a block left by an exception rolls all of it back. Each call stays
+    atomic on its own (a call that raises undoes only its own writes), reads
+    see the block's earlier writes, and nothing of the block is visible to
+    other connections before it commits. Other threads of the process wait
+    for the block. Callers must not act on a call's result outside the store
+    (callbacks, acknowledgements to others) before the block has committed.
+    Blocks nest: an inner block joins the outer one.
+    """
+
+    def unit_of_work(self) -> AbstractContextManager[None]:
+        """The block's context manager."""
         ...
 
 

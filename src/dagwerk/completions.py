@@ -4,7 +4,11 @@
 A worker that finished several attempts hands their completions to
 :func:`complete_attempts`; the store commits them together with the acks of
 their deliveries (:class:`~dagwerk.store.BatchQueueStore`), and every run
-whose state may have moved is then reconciled once. Per request this does
+whose state may have moved is then reconciled once. On a store that offers
+:class:`~dagwerk.store.UnitOfWorkStore` (SQLite) the completions and the
+reconciles they cause (the children's launches) commit together: one commit
+per batch instead of one plus one per launch; the run callbacks fire after
+that commit. Per request this does
 what ``complete_attempt`` followed by ``ack`` does: outputs refused by the
 store fail the task with the store's text, a stale attempt changes nothing,
 an exact repeat replays the first result and reconciles again (FN-06).
@@ -13,11 +17,15 @@ an exact repeat replays the first result and reconciles again (FN-06).
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import cast
 
+from dagwerk._protocols import implements
+from dagwerk.constants import RunStatus
 from dagwerk.frontier import reconcile_after_completion
 from dagwerk.limits import Limits
 from dagwerk.orchestrator import (
     OrchestratorCallbacks,
+    RunCallback,
     _policy_needs_reconcile,
     on_task_failed,
     reconcile_run,
@@ -30,6 +38,7 @@ from dagwerk.store import (
     OutputPublicationError,
     StoreContractError,
     TaskCompletionResult,
+    UnitOfWorkStore,
 )
 
 __all__ = ["complete_attempts"]
@@ -51,10 +60,26 @@ def complete_attempts(
     other error outcome (e.g. a budget refusal) is left to the caller, and
     nothing of that request was written.
     """
-    if not isinstance(store, BatchQueueStore):
+    if not implements(store, BatchQueueStore):
         raise StoreContractError("complete_attempts needs a BatchQueueStore")
     items = list(requests)
-    outcomes = store.complete_and_ack(worker_id, items)
+    if not implements(store, UnitOfWorkStore):
+        return _complete(store, worker_id, items, callbacks, limits)
+    deferred = _DeferredCallbacks()
+    with store.unit_of_work():
+        outcomes = _complete(store, worker_id, items, deferred.callbacks, limits)
+    deferred.fire(callbacks)
+    return outcomes
+
+
+def _complete(
+    store: DagStore,
+    worker_id: str,
+    items: list[CompletionRequest],
+    callbacks: OrchestratorCallbacks,
+    limits: Limits | None,
+) -> list[CompletionOutcome]:
+    outcomes = cast(BatchQueueStore, store).complete_and_ack(worker_id, items)
     if not isinstance(outcomes, list) or len(outcomes) != len(items):
         raise StoreContractError("complete_and_ack returned a result of the wrong length")
     to_reconcile: dict[str, set[int]] = {}
@@ -86,3 +111,33 @@ def complete_attempts(
         elif _policy_needs_reconcile(store, run_id):
             reconcile_run(store, run_id, callbacks=callbacks, limits=limits)
     return outcomes
+
+
+class _DeferredCallbacks:
+    """Run callbacks held back until the unit of work that finalised the
+    runs has committed; each fires once, in order."""
+
+    def __init__(self) -> None:
+        self.fired: list[tuple[RunStatus, str]] = []
+
+        def hold(status: RunStatus) -> RunCallback:
+            return lambda run_id: self.fired.append((status, run_id))
+
+        self.callbacks = OrchestratorCallbacks(
+            on_run_completed=hold(RunStatus.COMPLETED),
+            on_run_failed=hold(RunStatus.FAILED),
+            on_run_crashed=hold(RunStatus.CRASHED),
+            on_run_cancelled=hold(RunStatus.CANCELLED),
+        )
+
+    def fire(self, callbacks: OrchestratorCallbacks) -> None:
+        """Fire every held callback; the first one that raised re-raises
+        after the others fired (each terminal transition is announced once)."""
+        error: Exception | None = None
+        for status, run_id in self.fired:
+            try:
+                callbacks.fire(status, run_id)
+            except Exception as exc:
+                error = error or exc
+        if error is not None:
+            raise error

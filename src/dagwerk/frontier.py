@@ -22,6 +22,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
 
+from dagwerk._protocols import implements
 from dagwerk.constants import FailurePolicy, NodeDisposition, RunStatus
 from dagwerk.limits import Limits
 from dagwerk.orchestrator import (
@@ -69,7 +70,7 @@ def reconcile_after_completion(
     if (
         not nodes
         or cache is None
-        or not isinstance(store, RunFrontierStore)
+        or not implements(store, RunFrontierStore)
         or _failure_policy(store, run_id) is not FailurePolicy.FAIL_FAST
     ):
         reconcile_run(store, run_id, callbacks=callbacks, limits=limits)

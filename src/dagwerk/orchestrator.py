@@ -25,6 +25,7 @@ import logging
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
+from dagwerk._protocols import implements
 from dagwerk.constants import (
     FailurePolicy,
     LaunchCreateStatus,
@@ -127,12 +128,12 @@ def _limits_of(store: object, limits: Limits | None) -> Limits:
 
 
 def _failure_policy(store: DagStore, run_id: str) -> FailurePolicy:
-    if isinstance(store, RunTopologyStore):
+    if implements(store, RunTopologyStore):
         # Fixed at creation: the store answers from its cache, not a run read.
         found = store.get_run_failure_policy(run_id)
         if found is not None:
             return FailurePolicy(found)
-    if isinstance(store, DagRunStore):
+    if implements(store, DagRunStore):
         record = store.get_run(run_id)
         if record is not None:
             return FailurePolicy(record.failure_policy)
@@ -149,7 +150,7 @@ def _build_topology(nodes: list[DagNode] | None, run_id: str, limits: Limits) ->
 
 def _topology_cache(store: DagStore, limits: Limits) -> RunTopologyStore | None:
     """The store as a topology cache when it validates under the same limits."""
-    if isinstance(store, RunTopologyStore) and getattr(store, "limits", None) == limits:
+    if implements(store, RunTopologyStore) and getattr(store, "limits", None) == limits:
         return store
     return None
 
@@ -522,11 +523,11 @@ def _check_launch_result(
 def _run_activity(store: DagStore, run_id: str, launches: Mapping[int, NodeLaunch]) -> RunActivity:
     """The failure-policy view of a run: the store's fast path, else derived from
     its task list (the store must then be a run store)."""
-    if isinstance(store, RunActivityStore):
+    if implements(store, RunActivityStore):
         found = store.get_run_activity(run_id)
         if found is not None:
             return found
-    if not isinstance(store, DagRunStore):
+    if not implements(store, DagRunStore):
         raise StoreContractError("failure policies need a DagRunStore")
     counts = dict.fromkeys(TaskStatus, 0)
     failed_nodes = {
@@ -631,7 +632,7 @@ def _policy_needs_reconcile(store: DagStore, run_id: str) -> bool:
     # failed), so a completion after a failure reconciles too.
     if _failure_policy(store, run_id) is FailurePolicy.FAIL_FAST:
         return False
-    if isinstance(store, RunActivityStore):
+    if implements(store, RunActivityStore):
         activity = store.get_run_activity(run_id)
         return activity is not None and activity.has_failure
     return True

@@ -31,6 +31,7 @@ from dagwerk._store_extensions import (
     LeasedDelivery,
     QueueStats,
     StallRecord,
+    UnitOfWorkStore,
 )
 from dagwerk._store_types import (
     AttemptRecord,
@@ -115,6 +116,7 @@ __all__ = [
     "TaskRecoveryResult",
     "TaskResumeResult",
     "TaskWaitResult",
+    "UnitOfWorkStore",
     "validate_output_batch_routing_size",
     "validate_output_batch_size",
     "validate_queue_names",

@@ -30,6 +30,7 @@ from dagwerk.backends.errors import (
     StoreUnavailableError,
 )
 from dagwerk.backends.sql.gateway import Params, Row, load_queries
+from dagwerk.backends.sqlite._checkpoint import Checkpointer
 from dagwerk.errors import DagwerkError
 from dagwerk.store import InvalidStoreValueError, StoreContractError
 
@@ -172,12 +173,19 @@ class SqliteGateway:
         self._conn: sqlite3.Connection | None = None
         self._queue_fd: int | None = None
         self._queue_pid = -1
+        # WAL checkpoints run on a background thread (see _checkpoint.py).
+        self.checkpointer = (
+            None if self.in_memory or read_only else Checkpointer(os.path.realpath(path))
+        )
         self._conn = self._connect()
         # In-memory databases are private to this gateway; files are shared
         # by every gateway of this process that opens the same path.
         key = f"memory:{id(self)}" if self.in_memory else os.path.realpath(path)
         self._waker = _waker(key)
         self._last_change = float("-inf")  # monotonic time work was last seen
+        # A unit of work (see unit()): its thread and its open transaction.
+        self._unit_owner: int | None = None
+        self._unit_tx: _Tx | None = None
 
     def work_epoch(self) -> int:
         """The count of waking commits so far (pass it to :meth:`wait_for_work`)."""
@@ -213,7 +221,7 @@ class SqliteGateway:
         """The connection's ``PRAGMA data_version``: it changes when another
         connection commits. ``None`` for a private in-memory database or when
         it cannot be read (the caller then just waits)."""
-        if self.in_memory:
+        if self.in_memory or self._unit_owner == threading.get_ident():
             return None
         try:
             with self._lock:
@@ -294,6 +302,9 @@ class SqliteGateway:
                 # In WAL mode NORMAL survives any process crash; only a power
                 # loss can drop the last commits. FULL/EXTRA fsync every commit.
                 conn.execute(_SYNCHRONOUS_PRAGMAS[self.synchronous])
+                if not self.read_only:
+                    # BACKSTOP_PAGES (a test checks the two agree).
+                    conn.execute("PRAGMA wal_autocheckpoint = 8192")
         except sqlite3.Error as exc:
             conn.close()
             raise translate_error(exc, f"cannot open {self.path!r}") from exc
@@ -331,8 +342,60 @@ class SqliteGateway:
             self._conn = self._connect()
         return self._conn
 
+    def _transaction(self, begin: str) -> AbstractContextManager[_Tx]:
+        if self._unit_owner == threading.get_ident():
+            return self._joined(begin)
+        return self._own_transaction(begin)
+
     @contextmanager
-    def _transaction(self, begin: str) -> Iterator[_Tx]:
+    def unit(self) -> Iterator[None]:
+        """One write transaction for every transaction this thread opens on
+        the gateway inside the block (:class:`~dagwerk.store.UnitOfWorkStore`).
+
+        A joined write runs in a savepoint, so one that raises undoes only
+        its own statements; a joined read runs in the block's transaction
+        and sees its writes. The block commits when it ends and rolls back
+        when an exception leaves it; waking commits wake the waiting dequeues
+        only after that commit. Other threads wait for the block (it holds
+        the connection); an inner block joins the outer one.
+        """
+        if self._unit_owner == threading.get_ident():
+            yield
+            return
+        with self._own_transaction("BEGIN IMMEDIATE") as tx:
+            self._unit_tx, self._unit_owner = tx, threading.get_ident()
+            try:
+                yield
+            finally:
+                self._unit_tx, self._unit_owner = None, None
+
+    @contextmanager
+    def _joined(self, begin: str) -> Iterator[_Tx]:
+        tx = self._unit_tx
+        assert tx is not None
+        if begin != "BEGIN IMMEDIATE":
+            yield tx
+            return
+        # Savepoints of one name nest: each statement names the innermost.
+        conn = tx._conn
+        try:
+            conn.execute("SAVEPOINT dagwerk_call")
+        except sqlite3.Error as exc:
+            raise translate_error(exc, "cannot open a savepoint") from exc
+        try:
+            yield tx
+        except BaseException:
+            with suppress(sqlite3.Error):
+                conn.execute("ROLLBACK TO dagwerk_call")
+                conn.execute("RELEASE dagwerk_call")
+            raise
+        try:
+            conn.execute("RELEASE dagwerk_call")
+        except sqlite3.Error as exc:
+            raise translate_error(exc, "cannot release a savepoint") from exc
+
+    @contextmanager
+    def _own_transaction(self, begin: str) -> Iterator[_Tx]:
         with self._lock:
             conn = self._connection()
             queued = self._writer_queue() if begin == "BEGIN IMMEDIATE" else None
@@ -355,6 +418,8 @@ class SqliteGateway:
             finally:
                 if queued is not None:
                     fcntl.flock(queued, fcntl.LOCK_UN)
+        if self.checkpointer is not None and begin == "BEGIN IMMEDIATE":
+            self.checkpointer.committed()
         if tx.woke:
             with self._waker.cond:
                 self._waker.epoch += 1
@@ -385,6 +450,8 @@ class SqliteGateway:
             raise StoreCorruptError(f"incomplete statement in migration: {buffer.strip()[:80]!r}")
 
     def close(self) -> None:
+        if self.checkpointer is not None:
+            self.checkpointer.close()
         with self._lock:
             if self._conn is not None and os.getpid() == self._pid:
                 self._conn.close()

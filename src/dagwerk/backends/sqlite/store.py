@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
+from contextlib import AbstractContextManager
 from pathlib import Path
 from types import TracebackType
 
@@ -125,6 +126,11 @@ class SqliteStore(SqlStore):
     @property
     def path(self) -> str:
         return self._sqlite.path
+
+    def unit_of_work(self) -> AbstractContextManager[None]:
+        """The calling thread's store calls inside the block share one write
+        transaction (:class:`~dagwerk.store.UnitOfWorkStore`)."""
+        return self._sqlite.unit()
 
     def close(self) -> None:
         """Close this process's connection; the store is unusable afterwards."""

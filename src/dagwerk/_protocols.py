@@ -1,0 +1,35 @@
+"""Runtime protocol checks decided once per class (issue 9).
+
+``isinstance`` against a runtime-checkable :class:`typing.Protocol` looks up
+every member of the protocol on each call (tens of microseconds on Python
+3.11); the worker's hot path asks the same few questions of the same store
+for every batch. :func:`implements` answers from a cache when the object's
+class itself has every member (an instance can add members, never hide its
+class's), and asks ``isinstance`` otherwise (e.g. a proxy that forwards
+attributes through ``__getattr__``).
+"""
+
+from __future__ import annotations
+
+from typing import Any, TypeVar
+
+from typing_extensions import TypeIs
+
+__all__ = ["implements"]
+
+_P = TypeVar("_P")
+
+_BY_CLASS: dict[tuple[type, Any], bool] = {}
+
+
+def implements(obj: object, protocol: type[_P]) -> TypeIs[_P]:
+    """``isinstance(obj, protocol)`` for a runtime-checkable protocol."""
+    key = (type(obj), protocol)
+    found = _BY_CLASS.get(key)
+    if found is None:
+        try:
+            found = issubclass(type(obj), protocol)
+        except TypeError:  # a protocol with data members: per instance only
+            found = False
+        _BY_CLASS[key] = found
+    return found or isinstance(obj, protocol)

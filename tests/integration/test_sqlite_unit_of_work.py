@@ -1,0 +1,189 @@
+"""One transaction for a worker's completions and the launches they cause
+(SQLite's ``UnitOfWorkStore``, issue 9).
+
+Inside ``store.unit_of_work()`` the calling thread's store calls share one
+write transaction: nothing is visible to other connections before the block
+ends, an exception rolls the whole block back, a call that raises undoes only
+its own writes, reads see the block's writes, and other threads wait. The
+worker completes a batch and launches the ready children in one such block;
+the run callbacks fire only once it has committed.
+"""
+
+from __future__ import annotations
+
+import threading
+from pathlib import Path
+
+import pytest
+
+from dagwerk import completions
+from dagwerk._protocols import implements
+from dagwerk.backends.memory.store import MemoryStore
+from dagwerk.backends.sqlite import SqliteStore
+from dagwerk.constants import InputMode, RunStatus
+from dagwerk.engine import Engine
+from dagwerk.models import DagNode, InputEdge
+from dagwerk.orchestrator import OrchestratorCallbacks
+from dagwerk.store import InvalidStoreValueError, UnitOfWorkStore
+
+_NODES = [DagNode(slug="a", plugin="p")]
+
+
+@pytest.fixture
+def db(tmp_path: Path) -> Path:
+    return tmp_path / "db.sqlite"
+
+
+def test_sqlite_offers_units_of_work_and_memory_does_not(db: Path) -> None:
+    with SqliteStore(str(db)) as store:
+        assert isinstance(store, UnitOfWorkStore)
+        assert implements(store, UnitOfWorkStore)
+    assert not isinstance(MemoryStore(), UnitOfWorkStore)
+
+
+def test_nothing_is_visible_before_the_block_ends(db: Path) -> None:
+    with SqliteStore(str(db)) as store, SqliteStore(str(db)) as other:
+        with store.unit_of_work():
+            assert store.create_run("r1", _NODES)
+            assert store.create_run("r2", _NODES)
+            # The block's own reads see its writes ...
+            assert store.get_run_status("r1") is RunStatus.PENDING
+            # ... another connection sees none of them yet.
+            assert other.get_run_status("r1") is None
+        assert other.get_run_status("r1") is RunStatus.PENDING
+        assert other.get_run_status("r2") is RunStatus.PENDING
+
+
+def test_an_exception_rolls_the_whole_block_back(db: Path) -> None:
+    with SqliteStore(str(db)) as store:
+        with pytest.raises(RuntimeError, match="boom"), store.unit_of_work():
+            assert store.create_run("r1", _NODES)
+            raise RuntimeError("boom")
+        assert store.get_run_status("r1") is None
+        assert store.create_run("r1", _NODES)  # the store is usable afterwards
+
+
+def test_a_call_that_raises_undoes_only_its_own_writes(db: Path) -> None:
+    with SqliteStore(str(db)) as store, SqliteStore(str(db)) as other:
+        with store.unit_of_work():
+            assert store.create_run("r1", _NODES)
+            with pytest.raises(InvalidStoreValueError):
+                store.create_run("", _NODES)  # refused: writes nothing
+            assert store.create_run("r2", _NODES)
+        assert other.get_run_status("r1") is RunStatus.PENDING
+        assert other.get_run_status("r2") is RunStatus.PENDING
+
+
+def test_a_raising_write_inside_a_block_leaves_no_partial_rows(db: Path) -> None:
+    with SqliteStore(str(db)) as store:
+        gateway = store._sqlite
+        with store.unit_of_work():
+            with pytest.raises(RuntimeError), gateway.write() as tx:
+                tx._conn.execute("CREATE TABLE scratch (a)")
+                raise RuntimeError("after a write")
+            with gateway.read() as tx:
+                found = tx._conn.execute(
+                    "SELECT count(*) FROM sqlite_master WHERE name = 'scratch'"
+                ).fetchone()[0]
+            assert found == 0
+
+
+def test_blocks_nest(db: Path) -> None:
+    with SqliteStore(str(db)) as store, SqliteStore(str(db)) as other:
+        with store.unit_of_work():
+            with store.unit_of_work():
+                assert store.create_run("r1", _NODES)
+            assert other.get_run_status("r1") is None  # still the outer block's
+        assert other.get_run_status("r1") is RunStatus.PENDING
+
+
+def test_other_threads_wait_for_the_block(db: Path) -> None:
+    with SqliteStore(str(db)) as store:
+        seen: list[RunStatus | None] = []
+        started = threading.Event()
+
+        def read() -> None:
+            started.set()
+            seen.append(store.get_run_status("r1"))
+
+        with store.unit_of_work():
+            assert store.create_run("r1", _NODES)
+            thread = threading.Thread(target=read)
+            thread.start()
+            assert started.wait(5)
+            thread.join(0.2)
+            assert thread.is_alive()  # blocked on the block's connection
+        thread.join(5)
+        assert seen == [RunStatus.PENDING]
+
+
+def test_a_worker_launches_the_next_step_in_its_completion_commit(db: Path) -> None:
+    engine = Engine(f"sqlite:///{db}")
+    engine.plugin("step")(lambda inputs, ctx: [{"n": 1}])
+    nodes = [
+        DagNode(slug="a", plugin="step"),
+        DagNode(
+            slug="b",
+            plugin="step",
+            input_mode=InputMode.EACH,
+            edges=(InputEdge(name="x", source="a"),),
+        ),
+        DagNode(
+            slug="c",
+            plugin="step",
+            input_mode=InputMode.EACH,
+            edges=(InputEdge(name="x", source="b"),),
+        ),
+    ]
+    run_id = engine.submit(nodes)
+    store = engine.store
+    assert isinstance(store, SqliteStore)
+    conn = store._sqlite._connection()
+    statements: list[str] = []
+    conn.set_trace_callback(statements.append)
+    worker = engine.worker(concurrency=1)
+    worker.process_once()  # the root: claim, run, complete + launch b
+    conn.set_trace_callback(None)
+    assert engine.store.get_run_status(run_id) is RunStatus.RUNNING
+    # Two write transactions: the claim, and the completion that also
+    # launched the child (it used to take a third for the launch).
+    assert sum(1 for s in statements if s == "BEGIN IMMEDIATE") == 2
+    assert any("INSERT INTO dagwerk_deliveries" in s for s in statements)
+    worker.run_until_idle()
+    assert engine.store.get_run_status(run_id) is RunStatus.COMPLETED
+
+
+def test_run_callbacks_fire_after_the_block_commits(db: Path) -> None:
+    engine = Engine(f"sqlite:///{db}")
+    engine.plugin("step")(lambda inputs, ctx: [{"n": 1}])
+    run_id = engine.submit([DagNode(slug="a", plugin="step")])
+    seen: list[RunStatus | None] = []
+
+    def completed(finished: str) -> None:
+        # Another connection already sees the terminal status.
+        with SqliteStore(str(db)) as other:
+            seen.append(other.get_run_status(finished))
+
+    def unexpected(finished: str) -> None:
+        raise AssertionError(f"run {finished} did not complete")
+
+    callbacks = OrchestratorCallbacks(completed, unexpected, unexpected, unexpected)
+    worker = engine.worker(concurrency=4, callbacks=callbacks)
+    worker.run_until_idle()
+    assert seen == [RunStatus.COMPLETED]
+    assert engine.store.get_run_status(run_id) is RunStatus.COMPLETED
+
+
+def test_deferred_callbacks_each_fire_once_even_when_one_raises() -> None:
+    deferred = completions._DeferredCallbacks()
+    deferred.callbacks.on_run_failed("r1")
+    deferred.callbacks.on_run_completed("r2")
+    fired: list[str] = []
+
+    def failing(run_id: str) -> None:
+        fired.append(run_id)
+        raise RuntimeError("callback failed")
+
+    with pytest.raises(RuntimeError, match="callback failed"):
+        deferred.fire(OrchestratorCallbacks(fired.append, failing, fired.append, fired.append))
+    assert fired == ["r1", "r2"]

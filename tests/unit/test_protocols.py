@@ -1,0 +1,53 @@
+"""``implements``: a runtime protocol check decided once per class (issue 9)."""
+
+from __future__ import annotations
+
+from typing import Any, Protocol, runtime_checkable
+
+from dagwerk._protocols import implements
+
+
+@runtime_checkable
+class _Greets(Protocol):
+    def greet(self) -> str: ...
+
+
+class _Greeter:
+    def greet(self) -> str:
+        return "hello"
+
+
+class _Silent:
+    pass
+
+
+class _Proxy:
+    """Forwards attributes to what it wraps: its class has no members."""
+
+    def __init__(self, target: object) -> None:
+        self._target = target
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._target, name)
+
+
+def test_a_class_with_every_member_implements() -> None:
+    assert implements(_Greeter(), _Greets)
+    assert implements(_Greeter(), _Greets)  # from the cache
+
+
+def test_a_class_without_the_members_does_not() -> None:
+    assert not implements(_Silent(), _Greets)
+
+
+def test_an_instance_can_add_the_members_its_class_lacks() -> None:
+    silent = _Silent()
+    silent.greet = lambda: "hi"  # type: ignore[attr-defined]
+    assert implements(silent, _Greets)
+    assert not implements(_Silent(), _Greets)
+
+
+def test_proxies_are_decided_per_instance() -> None:
+    assert implements(_Proxy(_Greeter()), _Greets)
+    assert not implements(_Proxy(_Silent()), _Greets)
+    assert implements(_Proxy(_Greeter()), _Greets)
