@@ -109,6 +109,16 @@ class QueueMixin(SqlStoreBase):
         # of that run holds the run row while it deletes queue rows. Taking
         # the run row while holding queue rows could deadlock with it.
         spent: dict[str, Row] = {}
+        if getattr(self._gw, "serialises_writers", False):
+            # One database-wide write lock (SQLite): an idle worker's poll
+            # must not take it just to find nothing, since every other
+            # writer would wait for that empty transaction. A read never
+            # waits for writers, so an empty queue is seen without it.
+            with self._gw.read() as tx:
+                if not tx.all(
+                    "queue_candidates", {"now": self._now(), "queues": queue_filter, "limit": 1}
+                ):
+                    return []
         with self._gw.write() as tx:
             now = self._now()
             leased: list[LeasedDelivery] = []

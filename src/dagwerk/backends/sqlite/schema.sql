@@ -44,6 +44,8 @@ CREATE TABLE dagwerk_launches (
 );
 CREATE UNIQUE INDEX dagwerk_launches_active
     ON dagwerk_launches (run_id, node_index) WHERE active = 1;
+CREATE INDEX dagwerk_launches_failed
+    ON dagwerk_launches (run_id) WHERE active = 1 AND disposition = 'failed';
 
 CREATE TABLE dagwerk_tasks (
     seq INTEGER PRIMARY KEY,
