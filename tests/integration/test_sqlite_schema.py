@@ -179,3 +179,21 @@ def test_full_database_is_store_full_and_writes_nothing(tmp_path: Path) -> None:
         # The store stays usable for small writes.
         assert store.try_complete_task(top.task_id, (), expected_attempt_id=top.attempt_id)
         assert len(tasks_of(store, "run-1", 1)) == 1
+
+
+def test_the_failure_check_of_a_targeted_reconcile_is_one_index_probe(tmp_path: Path) -> None:
+    """Schema v6: ``run_frontier`` finds failed launches through the partial
+    index, not by walking every launch of the run."""
+    db = tmp_path / "plan.db"
+    SqliteStore(str(db)).close()
+    conn = sqlite3.connect(db)
+    try:
+        plan = " | ".join(
+            str(row[3])
+            for row in conn.execute(
+                "EXPLAIN QUERY PLAN " + QUERIES["run_frontier"], {"run_id": "r", "count": 0}
+            )
+        )
+    finally:
+        conn.close()
+    assert "dagwerk_launches_failed" in plan

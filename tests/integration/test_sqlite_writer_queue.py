@@ -190,3 +190,24 @@ def test_processes_opening_a_new_database_at_once_all_succeed(tmp_path: Path) ->
     runs = {r.run_id for r in store.list_runs(limit=_OPENERS)}
     assert runs == {f"run-{n}" for n in range(_OPENERS)}
     store.close()
+
+
+def test_an_idle_poll_does_not_queue_behind_writers(tmp_path: Path) -> None:
+    """An empty queue is found by a read: a worker polling an idle queue
+    never takes (or waits for) the write lock other writers need."""
+    db = tmp_path / "q.db"
+    store = SqliteStore(str(db))
+    store.create_run("r1", [DagNode(slug="a", plugin="p")])  # migrated, lock file made
+    holder = _holder(Path(f"{db}-dagwerk.lock"))
+    try:
+        polled = threading.Event()
+
+        def poll() -> None:
+            assert store.dequeue("w1", limit=4, lease_seconds=30.0) == []
+            polled.set()
+
+        threading.Thread(target=poll, daemon=True).start()
+        assert polled.wait(10)  # answered while another process holds the lock
+    finally:
+        _finish(holder)
+    store.close()

@@ -12,9 +12,9 @@ transition table and compare-and-sets on (status, attempt).
 from __future__ import annotations
 
 import json
+import os
 import threading
 import time
-import uuid
 from collections.abc import Callable
 from typing import Any
 
@@ -32,9 +32,18 @@ UNFINISHED = (TaskStatus.PENDING, TaskStatus.QUEUED, TaskStatus.RUNNING, TaskSta
 FAILURES = (TaskStatus.FAILED, TaskStatus.CRASHED)
 
 
+# Encoders made once: json.dumps with options builds a new encoder per call.
+COMPACT_JSON = json.JSONEncoder(separators=(",", ":"), ensure_ascii=False, allow_nan=False)
+"""``json.dumps(v, separators=(",", ":"), ensure_ascii=False, allow_nan=False)``."""
+COMPACT_ASCII_JSON = json.JSONEncoder(separators=(",", ":"), allow_nan=False)
+"""``json.dumps(v, separators=(",", ":"), allow_nan=False)``."""
+TEXT_JSON = json.JSONEncoder(ensure_ascii=False)
+"""``json.dumps(v, ensure_ascii=False)`` (for strings and ``None``)."""
+
+
 def dumps(value: object) -> str:
     """Compact JSON text of a (frozen or plain) JSON value."""
-    return json.dumps(thaw_json(value), separators=(",", ":"), ensure_ascii=False, allow_nan=False)
+    return COMPACT_JSON.encode(thaw_json(value))
 
 
 def loads_object(text: str) -> FrozenDict:
@@ -85,7 +94,9 @@ class SqlStoreBase:
     # -- identities and time --------------------------------------------------
 
     def _new_id(self) -> str:
-        return uuid.uuid4().hex
+        # 128 random bits as 32 hex digits, like uuid4().hex without building
+        # a UUID object (two per task on the launch path).
+        return os.urandom(16).hex()
 
     def _now(self) -> float:
         return float(self._clock())

@@ -27,7 +27,7 @@ from dagwerk.store import (
 )
 from dagwerk.transitions import check_task_transition
 
-from ._base import SqlStoreBase, dumps
+from ._base import COMPACT_ASCII_JSON, TEXT_JSON, SqlStoreBase, dumps
 from ._plans import parse_plan
 from .gateway import Row, Tx
 
@@ -91,7 +91,7 @@ class OutputTexts:
 
     def __init__(self, output: EmittedOutput) -> None:
         self.fields = dumps(output.fields)
-        tail = json.dumps(output.id, ensure_ascii=False)
+        tail = TEXT_JSON.encode(output.id)
         self.partial_size = (
             _ROUTING_FRAME + len(self.fields.encode("utf-8")) + len(tail.encode("utf-8"))
         )
@@ -124,8 +124,8 @@ def _routing_size(output: EmittedOutput, correlation: str | None, limit: int) ->
     wire = {"correlation_id": correlation, "fields": output.fields, "id": output.id}
     try:
         fields = dumps(output.fields)
-        head = json.dumps(correlation, ensure_ascii=False)
-        tail = json.dumps(output.id, ensure_ascii=False)
+        head = TEXT_JSON.encode(correlation)
+        tail = TEXT_JSON.encode(output.id)
         text = f'{{"correlation_id":{head},"fields":{fields},"id":{tail}}}'
         return len(text.encode("utf-8")), fields
     except (TypeError, ValueError):
@@ -135,7 +135,7 @@ def _routing_size(output: EmittedOutput, correlation: str | None, limit: int) ->
 
 def _data_text(output: EmittedOutput) -> str:
     try:
-        return json.dumps(dict(output.data), separators=(",", ":"), allow_nan=False)
+        return COMPACT_ASCII_JSON.encode(dict(output.data))
     except (TypeError, ValueError) as exc:
         # A durable store keeps only JSON; the reference store keeps objects.
         raise OutputPublicationError(
@@ -337,7 +337,7 @@ class TasksMixin(SqlStoreBase):
                 ) from exc
             known = None if texts is None else texts.get(id(output))
             if known is not None:
-                head = json.dumps(correlation, ensure_ascii=False)
+                head = TEXT_JSON.encode(correlation)
                 size, fields, data = (
                     known.partial_size + len(head.encode()),
                     known.fields,

@@ -1,0 +1,48 @@
+"""The SQL store's shared JSON encoders write exactly what ``json.dumps``
+with the same options writes (issue 9: they replace per-call encoders)."""
+
+from __future__ import annotations
+
+import json
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from dagwerk.backends.sql._base import COMPACT_ASCII_JSON, COMPACT_JSON, TEXT_JSON, SqlStoreBase
+
+_VALUES = st.recursive(
+    st.none()
+    | st.booleans()
+    | st.integers()
+    | st.floats(allow_nan=False, allow_infinity=False)
+    | st.text(),
+    lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(), inner, max_size=4),
+    max_leaves=20,
+)
+
+
+@settings(max_examples=200, deadline=None)
+@given(_VALUES)
+def test_encoders_match_json_dumps(value: object) -> None:
+    assert COMPACT_JSON.encode(value) == json.dumps(
+        value, separators=(",", ":"), ensure_ascii=False, allow_nan=False
+    )
+    assert COMPACT_ASCII_JSON.encode(value) == json.dumps(
+        value, separators=(",", ":"), allow_nan=False
+    )
+    assert TEXT_JSON.encode(value) == json.dumps(value, ensure_ascii=False)
+
+
+def test_new_ids_are_32_random_hex_digits() -> None:
+    ids = {SqlStoreBase._new_id(None) for _ in range(1000)}  # type: ignore[arg-type]
+    assert len(ids) == 1000
+    assert all(len(i) == 32 and int(i, 16) >= 0 for i in ids)
+
+
+def test_non_finite_numbers_are_refused_as_before() -> None:
+    for encoder in (COMPACT_JSON, COMPACT_ASCII_JSON):
+        try:
+            encoder.encode({"x": float("inf")})
+        except ValueError:
+            continue
+        raise AssertionError("a non-finite number was encoded")
