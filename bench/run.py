@@ -311,7 +311,13 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--backend", choices=["sqlite", "postgres"])
     parser.add_argument("--workers", type=lambda s: [int(x) for x in s.split(",")], help="e.g. 1,2")
     parser.add_argument("--postgres", default=os.environ.get("DAGWERK_BENCH_POSTGRES_URL"))
-    parser.add_argument("--concurrency", type=int, default=4, help="threads per worker")
+    parser.add_argument(
+        "--concurrency",
+        type=int,
+        default=32,
+        help="batch size and most threads per worker (`dagwerk worker --concurrency`); "
+        "32 is what docs/performance.md reports",
+    )
     parser.add_argument("--executor", default="thread", choices=["thread", "async", "process"])
     parser.add_argument("--json", type=Path, help="also write the JSON document here")
     parser.add_argument("--profile", type=Path, help="cProfile workers and submitter into DIR")

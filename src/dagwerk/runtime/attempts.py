@@ -22,14 +22,47 @@ LINKS_KEPT = 4096
 """How many runs' lineage links a worker keeps between batches."""
 
 
-@dataclass(slots=True)
-class Running:
-    """What the worker's stop, watcher and heartbeat need of a running attempt."""
+_DONE_LOCK = threading.Lock()
 
-    signal: AttemptSignal
-    done: threading.Event = field(default_factory=threading.Event)
-    heartbeat: threading.Event = field(default_factory=threading.Event)
-    last_beat: float = float("-inf")
+
+class Running:
+    """What the worker's stop, watcher and heartbeat need of a running attempt.
+
+    :attr:`done` is an Event only for a thread that waits on it (the watcher
+    of the one-by-one path) and is made on first use: a batch of trivial
+    attempts spent a good part of its time building Events nobody waited on.
+    """
+
+    __slots__ = ("_done", "_finished", "last_beat", "signal")
+
+    def __init__(self, signal: AttemptSignal) -> None:
+        self.signal = signal
+        self.last_beat = float("-inf")
+        self._finished = False
+        self._done: threading.Event | None = None
+
+    @property
+    def finished(self) -> bool:
+        """Whether :meth:`finish` was called (the attempt's plugin is over)."""
+        return self._finished
+
+    def finish(self) -> None:
+        """Mark the attempt over and wake whoever waits on :attr:`done`."""
+        with _DONE_LOCK:
+            self._finished = True
+            done = self._done
+        if done is not None:
+            done.set()
+
+    @property
+    def done(self) -> threading.Event:
+        """Set once the attempt is over (made on first use, already set if so)."""
+        with _DONE_LOCK:
+            if self._done is None:
+                self._done = threading.Event()
+                if self._finished:
+                    self._done.set()
+            return self._done
 
 
 @dataclass(slots=True)

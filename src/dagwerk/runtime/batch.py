@@ -177,7 +177,7 @@ def _execute_threaded(
         outcomes = iter(executor.execute_many(jobs, clock=worker.clock))
     finally:
         for attempt in attempts:
-            attempt.entry.done.set()
+            attempt.entry.finish()
     return [next(outcomes) if result is None else result for result in results]
 
 

@@ -87,10 +87,21 @@ class AttemptSignal:
 
     def __init__(self) -> None:
         self.abort = threading.Event()
-        self.wake = threading.Event()
+        self._wake: threading.Event | None = None
         self._lock = threading.Lock()
         self.reason: str | None = None
         self._listeners: list[Callable[[str], object]] = []
+
+    @property
+    def wake(self) -> threading.Event:
+        """What a one-attempt executor waits on: set when the signal fires
+        (made on first use, as batched attempts never wait on it)."""
+        with self._lock:
+            if self._wake is None:
+                self._wake = threading.Event()
+                if self.abort.is_set():
+                    self._wake.set()
+            return self._wake
 
     def bind(self, listener: Callable[[str], object]) -> None:
         """Run ``listener(reason)`` when the signal fires, before ``abort`` is set."""
@@ -110,7 +121,10 @@ class AttemptSignal:
         for listener in listeners:
             listener(self.reason)
         self.abort.set()
-        self.wake.set()
+        with self._lock:
+            wake = self._wake
+        if wake is not None:
+            wake.set()
 
 
 class Executor(Protocol):

@@ -75,7 +75,7 @@ class AttemptMonitor:
         statuses: dict[str, RunStatus | None] = {}
         for attempt in attempts:
             delivery, entry = attempt.delivery, attempt.entry
-            if entry.done.is_set():
+            if entry.finished:
                 continue
             run_id = delivery.run_id
             if run_id not in statuses:
@@ -84,5 +84,4 @@ class AttemptMonitor:
             if status is not RunStatus.RUNNING:
                 entry.signal.fire(f"run is {status}")
                 continue
-            entry.heartbeat.clear()
             worker.queue.extend_lease(delivery.delivery_id, worker.worker_id, attempt.bound)

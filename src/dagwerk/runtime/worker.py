@@ -530,7 +530,7 @@ class Worker:
                 clock=self.clock,
             )
         finally:
-            entry.done.set()
+            entry.finish()
             if watcher is not None:
                 watcher.join()
 
@@ -630,7 +630,6 @@ class Worker:
 
     def _heartbeat(self, delivery: LeasedDelivery, entry: Running, bound: float) -> None:
         """Extend the lease now; beats closer than a tenth of the lease are folded."""
-        entry.heartbeat.set()
         now = self.clock.monotonic()
         if now - entry.last_beat < self.lease_seconds / 10:
             return
@@ -663,7 +662,6 @@ class Worker:
             if status is not RunStatus.RUNNING:
                 entry.signal.fire(f"run is {status}")
                 return
-            entry.heartbeat.clear()
             self.queue.extend_lease(delivery.delivery_id, self.worker_id, bound)
 
     def _settle(
