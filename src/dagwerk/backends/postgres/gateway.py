@@ -20,12 +20,10 @@ of a write cannot be run twice.
 from __future__ import annotations
 
 import os
-import re
 import threading
 import time
 from collections.abc import Iterable, Iterator
 from contextlib import AbstractContextManager, contextmanager, suppress
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -36,12 +34,15 @@ from dagwerk.backends.errors import StoreUnavailableError
 from dagwerk.backends.sql.gateway import Params, Row, load_queries
 
 from ._pool import Conn, Connections, Parked, enter_pipeline, leave_pipeline, send_sync
+from ._set_writes import SET_WRITES_PATH, SetWrite, load_set_writes
+from ._statements import Statement, parse_block
 from .errors import check_params, is_connection_error, translate_error
 
 __all__ = [
     "NOTIFY_CHANNEL",
     "QUERIES",
     "QUERIES_PATH",
+    "SET_WRITES",
     "PostgresGateway",
     "Statement",
     "parse_block",
@@ -51,50 +52,16 @@ NOTIFY_CHANNEL = "dagwerk_work"
 
 QUERIES_PATH = Path(__file__).with_name("queries.sql")
 
-# ":name" outside "::" casts (the query files spell casts CAST(x AS t)).
-_PARAM = re.compile(r"(?<![:\w]):([A-Za-z_]\w*)")
-_STATEMENT_END = re.compile(r";[ \t]*$", re.MULTILINE)
-_JSON_PARAM = re.compile(r"CAST\(:([A-Za-z_]\w*) AS jsonb\)")
-
 _BEGIN_WRITE = b"BEGIN ISOLATION LEVEL READ COMMITTED"
 _BEGIN_READ = b"BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY"
-
-
-@dataclass(frozen=True, slots=True)
-class Statement:
-    """One named block: its lock preludes and its main statement (psycopg style)."""
-
-    name: str
-    preludes: tuple[bytes, ...]
-    main: bytes
-    json_params: frozenset[str]
-    """Parameters cast to ``jsonb`` (JSON lists the statement expands)."""
-
-
-def _psycopg_style(sql: str) -> bytes:
-    return _PARAM.sub(r"%(\1)s", sql.replace("%", "%%")).encode("utf-8")
-
-
-def parse_block(name: str, sql: str) -> Statement:
-    """Split a block at statement ends: every statement before the last is a
-    lock prelude (run in write transactions only)."""
-    code = "\n".join(line for line in sql.splitlines() if not line.lstrip().startswith("--"))
-    parts = [part.strip() for part in _STATEMENT_END.split(code)]
-    parts = [part for part in parts if part]
-    if not parts:
-        raise ValueError(f"query {name!r} has no statement")
-    *preludes, main = parts
-    return Statement(
-        name,
-        tuple(_psycopg_style(p) for p in preludes),
-        _psycopg_style(main),
-        frozenset(_JSON_PARAM.findall(code)),
-    )
 
 
 QUERIES: dict[str, Statement] = {
     name: parse_block(name, sql) for name, sql in load_queries(QUERIES_PATH).items()
 }
+
+SET_WRITES: dict[str, SetWrite] = load_set_writes(SET_WRITES_PATH, QUERIES)
+"""The set forms of blocks that :meth:`_Tx.many` runs (``set_writes.sql``)."""
 
 
 class _Tx:
@@ -206,13 +173,17 @@ class _Tx:
     def _flight(
         self, kind: str, name: str, params: Params | None, rows: list[Params] | None = None
     ) -> Any:
-        """Send one block; wait for its result unless ``kind`` is ``send`` or
-        ``many``, which wait only as the transaction's first flight (so that
-        a connection lost there still means that nothing of it ran)."""
-        if kind in ("send", "many"):
+        """Send one block; wait for its result unless ``kind`` is ``send``,
+        ``many`` or ``rows`` (a block's set form, see :meth:`many`), which
+        wait only as the transaction's first flight (so that a connection
+        lost there still means that nothing of it ran)."""
+        if kind in ("send", "many", "rows"):
             if kind == "many":
                 with self._send_begin().cursor() as cursor:
                     cursor.executemany(QUERIES[name].main, rows or [])
+            elif kind == "rows":
+                statement = SET_WRITES[name].statement
+                self._send_begin().execute(statement.main, params)
             else:
                 self._send(name, params)
             self._deferred.append(name)
@@ -323,15 +294,29 @@ class _Tx:
         self._call("send", name, params)
 
     def many(self, name: str, rows: Iterable[Params]) -> None:
-        """Execute a statement once per parameter set, without waiting (as
-        :meth:`send`)."""
+        """Execute a statement once per parameter set, in order, without
+        waiting (as :meth:`send`).
+
+        A block with a set form (``set_writes.sql``) sends all the rows in
+        one statement when that does the same as one statement per row (see
+        :meth:`SetWrite.segments`); every row is checked as before either way.
+        """
         statement = QUERIES[name]
         if statement.preludes:
             raise ValueError(f"query {name!r} has a lock prelude; run it with run()")
         checked = [_checked(statement, row) for row in rows]
         if not checked:
             return
-        self._call("many", name, None, checked)
+        variant = SET_WRITES.get(name)
+        segments = None if variant is None else variant.segments(checked)
+        if segments is None:
+            self._call("many", name, None, checked)
+            return
+        for segment in segments:
+            if isinstance(segment, str):
+                self._call("rows", name, {"rows": segment})
+            else:
+                self._call("many", name, None, segment)
 
     # -- ending ---------------------------------------------------------------------------
 

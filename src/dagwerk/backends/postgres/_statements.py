@@ -1,0 +1,61 @@
+"""Named blocks of the PostgreSQL query files, parsed for psycopg.
+
+A block is one or more statements; every statement before the last is a
+*lock prelude* (run in write transactions only, see ``queries.sql``). The
+``:name`` parameters of the files become psycopg's ``%(name)s``.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+__all__ = ["Statement", "parse_block", "statement_params"]
+
+# ":name" outside "::" casts (the query files spell casts CAST(x AS t)).
+_PARAM = re.compile(r"(?<![:\w]):([A-Za-z_]\w*)")
+_PSYCOPG_PARAM = re.compile(rb"%\(([A-Za-z_]\w*)\)s")
+_STATEMENT_END = re.compile(r";[ \t]*$", re.MULTILINE)
+_JSON_PARAM = re.compile(r"CAST\(:([A-Za-z_]\w*) AS jsonb\)")
+
+
+@dataclass(frozen=True, slots=True)
+class Statement:
+    """One named block: its lock preludes and its main statement (psycopg style)."""
+
+    name: str
+    preludes: tuple[bytes, ...]
+    main: bytes
+    json_params: frozenset[str]
+    """Parameters cast to ``jsonb`` (JSON lists the statement expands)."""
+
+
+def _psycopg_style(sql: str) -> bytes:
+    return _PARAM.sub(r"%(\1)s", sql.replace("%", "%%")).encode("utf-8")
+
+
+def code_of(sql: str) -> str:
+    """``sql`` without its comment lines."""
+    return "\n".join(line for line in sql.splitlines() if not line.lstrip().startswith("--"))
+
+
+def parse_block(name: str, sql: str) -> Statement:
+    """Split a block at statement ends: every statement before the last is a
+    lock prelude (run in write transactions only)."""
+    code = code_of(sql)
+    parts = [part.strip() for part in _STATEMENT_END.split(code)]
+    parts = [part for part in parts if part]
+    if not parts:
+        raise ValueError(f"query {name!r} has no statement")
+    *preludes, main = parts
+    return Statement(
+        name,
+        tuple(_psycopg_style(p) for p in preludes),
+        _psycopg_style(main),
+        frozenset(_JSON_PARAM.findall(code)),
+    )
+
+
+def statement_params(statement: Statement) -> frozenset[str]:
+    """The parameters the main statement of ``statement`` takes."""
+    return frozenset(name.decode() for name in _PSYCOPG_PARAM.findall(statement.main))
