@@ -24,10 +24,9 @@ from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from types import MappingProxyType
-from typing import Any, Final, TypeVar
+from typing import Final
 
-from pydantic import BaseModel
-
+from dagwerk._trusted import trusted_model
 from dagwerk.bindings import (
     FieldValueCache,
     PlanBindingResolver,
@@ -294,27 +293,6 @@ def _check_outputs(names: tuple[str, ...], snapshot: PlanningSnapshot, limits: L
 
 # --- trusted plan construction --------------------------------------------
 
-_M = TypeVar("_M", bound=BaseModel)
-_set_attribute = object.__setattr__
-# Frozen models never change their fields set, so every planned model shares
-# one immutable set instead of carrying ~700 bytes of its own.
-_PLAN_FIELDS_SET: Final = frozenset(TaskInputPlan.model_fields)
-_EDGE_FIELDS_SET: Final = frozenset(PlannedEdgeInput.model_fields)
-
-
-def _trusted_model(cls: type[_M], values: dict[str, Any], fields_set: frozenset[str]) -> _M:
-    """What ``cls.model_construct(**values)`` builds, without its per-call overhead.
-
-    The caller guarantees that ``values`` holds every field, validated.
-    """
-    model = cls.__new__(cls)
-    _set_attribute(model, "__dict__", values)
-    _set_attribute(model, "__pydantic_fields_set__", fields_set)
-    _set_attribute(model, "__pydantic_extra__", None)
-    _set_attribute(model, "__pydantic_private__", None)
-    return model
-
-
 # The keys of a serialised plan with their separators, schema_version's value
 # and the closing brace:
 # {"correlation_id":…,"edges":…,"generation":…,"parameters":…,
@@ -376,7 +354,7 @@ class _PlanBuilder:
         ids = tuple([output.id for output in outputs])
         count = len(ids)
         ids_size = 2 + (count - 1 if count else 0) + sum([string_size(i) for i in ids])
-        model = _trusted_model(
+        model = trusted_model(
             PlannedEdgeInput,
             {
                 "edge": edge.name,
@@ -384,14 +362,13 @@ class _PlanBuilder:
                 "role": edge.role,
                 "output_ids": ids,
             },
-            _EDGE_FIELDS_SET,
         )
         return _EdgePart(model, self.edge_fixed[index] + ids_size, count)
 
     def single_part(self, index: int, output: OutputRef) -> _EdgePart:
         """:meth:`edge_part` for one output, the shape of every EACH main edge."""
         edge = self.edges[index]
-        model = _trusted_model(
+        model = trusted_model(
             PlannedEdgeInput,
             {
                 "edge": edge.name,
@@ -399,7 +376,6 @@ class _PlanBuilder:
                 "role": edge.role,
                 "output_ids": (output.id,),
             },
-            _EDGE_FIELDS_SET,
         )
         return _EdgePart(model, self.edge_fixed[index] + 2 + string_size(output.id), 1)
 
@@ -451,7 +427,7 @@ class _PlanBuilder:
                 f"task plan exceeds the {limit}-byte limit", code="plan_too_large", limit=limit
             )
         self.plans.append(
-            _trusted_model(
+            trusted_model(
                 TaskInputPlan,
                 {
                     "schema_version": 1,
@@ -461,7 +437,6 @@ class _PlanBuilder:
                     "secret_refs": secret_refs,
                     "correlation_id": correlation_id,
                 },
-                _PLAN_FIELDS_SET,
             )
         )
 

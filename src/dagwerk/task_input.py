@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from types import MappingProxyType
 
+from dagwerk._trusted import trusted_model
 from dagwerk.errors import MaterializationError
 from dagwerk.models import ResolvedOutput, TaskInputPlan, TaskInputs
 from dagwerk.store import OutputResolver
@@ -49,4 +50,6 @@ def resolve_task_inputs(store: OutputResolver, *, run_id: str, plan: TaskInputPl
                 f"materializer returned output {value.id!r} under key {key!r}"
             )
     edges = {edge.edge: tuple(resolved[oid] for oid in edge.output_ids) for edge in plan.edges}
-    return TaskInputs.model_construct(edges=MappingProxyType(edges), parameters=plan.parameters)
+    return trusted_model(
+        TaskInputs, {"edges": MappingProxyType(edges), "parameters": plan.parameters}
+    )

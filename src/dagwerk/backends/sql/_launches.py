@@ -6,6 +6,7 @@ import json
 from collections.abc import Mapping
 from types import MappingProxyType
 
+from dagwerk._trusted import trusted_model
 from dagwerk.constants import LaunchCreateStatus, NodeDisposition, RunStatus, TaskStatus
 from dagwerk.models import (
     LaunchCreateResult,
@@ -145,10 +146,13 @@ class LaunchesMixin(SqlStoreBase):
                         if len(edge) > per_edge or total > total_limit:
                             break
                         edge.append(
-                            OutputRef.model_construct(
-                                id=row["output_id"],
-                                fields=loads_object(row["fields"]),
-                                correlation_id=row["correlation_id"],
+                            trusted_model(
+                                OutputRef,
+                                {
+                                    "id": row["output_id"],
+                                    "fields": loads_object(row["fields"]),
+                                    "correlation_id": row["correlation_id"],
+                                },
                             )
                         )
                         total += 1
@@ -384,10 +388,13 @@ class LaunchesMixin(SqlStoreBase):
             for row in tx.all(
                 "outputs_resolve", {"run_id": run_id, "ids": json.dumps(sorted(set(ids)))}
             ):
-                found[row["output_id"]] = ResolvedOutput.model_construct(
-                    id=row["output_id"],
-                    fields=loads_object(row["fields"]),
-                    data=MappingProxyType(json.loads(row["data"])),
+                found[row["output_id"]] = trusted_model(
+                    ResolvedOutput,
+                    {
+                        "id": row["output_id"],
+                        "fields": loads_object(row["fields"]),
+                        "data": MappingProxyType(json.loads(row["data"])),
+                    },
                 )
             # Keyed in request order, like the reference store.
             return {output_id: found[output_id] for output_id in output_ids if output_id in found}

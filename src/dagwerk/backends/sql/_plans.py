@@ -28,6 +28,7 @@ import threading
 from collections import OrderedDict
 from types import MappingProxyType
 
+from dagwerk._trusted import trusted_model
 from dagwerk.constants import InputRole
 from dagwerk.json import freeze_object
 from dagwerk.models import PlannedEdgeInput, TaskInputPlan
@@ -93,20 +94,26 @@ def _trusted(text: str) -> TaskInputPlan:
             ):
                 return TaskInputPlan.model_validate_json(text)
             edges.append(
-                PlannedEdgeInput.model_construct(
-                    edge=edge["edge"],
-                    source_index=edge["source_index"],
-                    role=InputRole(edge["role"]),
-                    output_ids=tuple(edge["output_ids"]),
+                trusted_model(
+                    PlannedEdgeInput,
+                    {
+                        "edge": edge["edge"],
+                        "source_index": edge["source_index"],
+                        "role": InputRole(edge["role"]),
+                        "output_ids": tuple(edge["output_ids"]),
+                    },
                 )
             )
-        return TaskInputPlan.model_construct(
-            schema_version=1,
-            generation=raw["generation"],
-            edges=tuple(edges),
-            parameters=freeze_object(raw["parameters"]),
-            secret_refs=MappingProxyType(dict(raw["secret_refs"])),
-            correlation_id=raw["correlation_id"],
+        return trusted_model(
+            TaskInputPlan,
+            {
+                "schema_version": 1,
+                "generation": raw["generation"],
+                "edges": tuple(edges),
+                "parameters": freeze_object(raw["parameters"]),
+                "secret_refs": MappingProxyType(dict(raw["secret_refs"])),
+                "correlation_id": raw["correlation_id"],
+            },
         )
     except (ValueError, TypeError, KeyError):
         return TaskInputPlan.model_validate_json(text)
