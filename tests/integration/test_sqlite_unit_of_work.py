@@ -20,11 +20,12 @@ from dagwerk import completions
 from dagwerk._protocols import implements
 from dagwerk.backends.memory.store import MemoryStore
 from dagwerk.backends.sqlite import SqliteStore
-from dagwerk.constants import InputMode, RunStatus
+from dagwerk.constants import RunStatus
 from dagwerk.engine import Engine
-from dagwerk.models import DagNode, InputEdge
+from dagwerk.models import DagNode
 from dagwerk.orchestrator import OrchestratorCallbacks
 from dagwerk.store import InvalidStoreValueError, UnitOfWorkStore
+from dagwerk.testing.helpers import chain
 
 _NODES = [DagNode(slug="a", plugin="p")]
 
@@ -119,22 +120,9 @@ def test_other_threads_wait_for_the_block(db: Path) -> None:
 
 def test_a_worker_launches_the_next_step_in_its_completion_commit(db: Path) -> None:
     engine = Engine(f"sqlite:///{db}")
-    engine.plugin("step")(lambda inputs, ctx: [{"n": 1}])
-    nodes = [
-        DagNode(slug="a", plugin="step"),
-        DagNode(
-            slug="b",
-            plugin="step",
-            input_mode=InputMode.EACH,
-            edges=(InputEdge(name="x", source="a"),),
-        ),
-        DagNode(
-            slug="c",
-            plugin="step",
-            input_mode=InputMode.EACH,
-            edges=(InputEdge(name="x", source="b"),),
-        ),
-    ]
+    for name in ("n0", "n1", "n2"):  # chain() names each plugin after its node
+        engine.plugin(name)(lambda inputs, ctx: [{"n": 1}])
+    nodes = chain(3)
     run_id = engine.submit(nodes)
     store = engine.store
     assert isinstance(store, SqliteStore)
