@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
+from collections.abc import Callable
 
 import pytest
 
@@ -198,3 +200,66 @@ def test_aa_07_lifecycle_is_terminal_and_stop_waits_only_for_the_step_in_flight(
     with pytest.raises(RunAdvancementStoppedError):
         actor.start()
     assert runs.status["r"] is RunStatus.RUNNING  # stop persisted nothing
+
+
+def _deadline_wait(check: Callable[[], bool], timeout: float = 10.0) -> bool:
+    """Poll ``check`` until it holds or ``timeout`` seconds pass."""
+    end = time.monotonic() + timeout
+    pause = threading.Event()
+    while time.monotonic() < end:
+        if check():
+            return True
+        pause.wait(0.002)
+    return False
+
+
+def test_a_step_that_waited_for_work_is_its_own_backoff() -> None:
+    """An idle worker's step is a long poll; the actor looks again at once
+    instead of sleeping on top of it (no delay for work arriving then)."""
+    clock = FakeClock()
+    runs = FakeRuns()
+    runs.status["r"] = RunStatus.RUNNING
+    calls: list[int] = []
+    pause = threading.Event()
+
+    def long_poll() -> bool:
+        calls.append(1)
+        pause.wait(0.02)  # the queue's wait for work, in real time
+        return False
+
+    actor = AdvancementActor(
+        long_poll, runs.read, clock=clock, idle_backoff_min=60, step_waits=0.01
+    )
+    actor.start()
+    results: list[object] = []
+    waiter = _waiter(actor, "r", results)
+    try:
+        # The fake clock never moves: only steps without a backoff sleep repeat.
+        assert _deadline_wait(lambda: len(calls) >= 3)
+    finally:
+        actor.stop()
+        waiter.join(30)
+
+
+def test_a_step_that_returned_at_once_still_backs_off() -> None:
+    clock = FakeClock()
+    runs = FakeRuns()
+    runs.status["r"] = RunStatus.RUNNING
+    calls: list[int] = []
+
+    def quick() -> bool:
+        calls.append(1)
+        return False
+
+    actor = AdvancementActor(quick, runs.read, clock=clock, idle_backoff_min=60, step_waits=5.0)
+    actor.start()
+    results: list[object] = []
+    waiter = _waiter(actor, "r", results)
+    try:
+        # The observer and, after one step, the actor's backoff sleep wait
+        # on the fake clock, which never moves.
+        assert _deadline_wait(lambda: bool(calls) and clock.waiters >= 2)
+        assert len(calls) == 1
+    finally:
+        actor.stop()
+        waiter.join(30)

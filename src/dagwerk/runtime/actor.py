@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from enum import StrEnum
@@ -67,6 +68,7 @@ class AdvancementActor:
         idle_backoff_min: float = 0.025,
         idle_backoff_max: float = 0.5,
         error_backoff: float = 0.5,
+        step_waits: float = 0.0,
         logger: logging.Logger = _LOG,
     ) -> None:
         self._step = step
@@ -75,6 +77,10 @@ class AdvancementActor:
         self._background = background
         self._idle_min, self._idle_max = idle_backoff_min, idle_backoff_max
         self._error_backoff = error_backoff
+        # A step that itself waits for work (a long poll) when idle: an
+        # unproductive step that lasted this long (real time) was its own
+        # backoff, and sleeping on top of it only delays the next work.
+        self._step_waits = step_waits
         self._log = logger
         self._lock = threading.Lock()
         self._wake = threading.Event()
@@ -235,11 +241,13 @@ class AdvancementActor:
                     continue
                 self.steps_in_flight += 1
                 self.max_steps_in_flight = max(self.max_steps_in_flight, self.steps_in_flight)
+                began = time.monotonic()
+                failed = False
                 try:
                     processed = self._step()
                 except Exception:
                     self._log.exception("Worker step threw during run advancement.")
-                    processed, delay = False, self._error_backoff
+                    processed, delay, failed = False, self._error_backoff, True
                 else:
                     delay = backoff
                 finally:
@@ -247,6 +255,9 @@ class AdvancementActor:
                 if processed:
                     backoff = self._idle_min
                     continue
+                if not failed and 0 < self._step_waits <= time.monotonic() - began:
+                    backoff = self._idle_min
+                    continue  # the step waited for work: look again at once
                 self._settle_observers()
                 self._wake.clear()
                 if self._state is not ActorState.RUNNING:

@@ -258,6 +258,8 @@ class Worker:
             background=True,
             idle_backoff_min=min(0.025, poll_interval),
             idle_backoff_max=poll_interval,
+            # process_once(idle_wait) is a long poll when the queue is empty.
+            step_waits=self.idle_wait * 0.9,
         )
 
     # --- lifecycle -------------------------------------------------------------------

@@ -30,6 +30,7 @@ from dagwerk.backends.errors import (
     StoreUnavailableError,
 )
 from dagwerk.backends.sql.gateway import Params, Row, load_queries
+from dagwerk.backends.sqlite import _wake
 from dagwerk.backends.sqlite._checkpoint import Checkpointer
 from dagwerk.errors import DagwerkError
 from dagwerk.store import InvalidStoreValueError, StoreContractError
@@ -54,11 +55,20 @@ _POLL_QUIET_DIVISOR = 20.0
 
 class _Waker:
     """A condition plus a counter of waking commits, so a wake-up that lands
-    between a dequeue's empty look and its wait is not lost."""
+    between a dequeue's empty look and its wait is not lost; and, once a
+    gateway waits for work, the watcher that turns other processes' commits
+    into wake-ups (see ``_wake.py``)."""
 
     def __init__(self) -> None:
         self.cond = threading.Condition()
         self.epoch = 0
+        self.gateways = 0  # open gateways of this database in this process
+        self.watched_in = -1  # the process whose watcher wakes this waker
+
+    def wake(self) -> None:
+        with self.cond:
+            self.epoch += 1
+            self.cond.notify_all()
 
 
 _WAKERS: dict[str, _Waker] = {}
@@ -66,7 +76,9 @@ _WAKERS: dict[str, _Waker] = {}
 
 def _waker(key: str) -> _Waker:
     with _WAKERS_LOCK:
-        return _WAKERS.setdefault(key, _Waker())
+        waker = _WAKERS.setdefault(key, _Waker())
+        waker.gateways += 1
+        return waker
 
 
 # Primary result codes (the low byte of the extended code).
@@ -193,11 +205,24 @@ class SqliteGateway:
             return self._waker.epoch
 
     def wait_for_work(self, timeout: float, since: int | None = None) -> None:
-        """Block until a commit in this process made a queue row deliverable
-        (after epoch ``since``), or for a short poll interval (other
-        processes), at most ``timeout`` seconds."""
+        """Block until a commit made a queue row deliverable (after epoch
+        ``since``), or for a short poll interval, at most ``timeout`` seconds.
+
+        A waking commit of this process ends the wait at once; so does any
+        commit of another process on Linux (the log watcher of ``_wake.py``),
+        elsewhere the ``data_version`` poll finds it."""
         end = time.monotonic() + min(timeout, _POLL_SECONDS)
         seen = self._data_version()
+        watched = self._watch_other_processes()
+        if watched:
+            _wake.begin_wait()
+        try:
+            self._wait(end, since, seen)
+        finally:
+            if watched:
+                _wake.end_wait()
+
+    def _wait(self, end: float, since: int | None, seen: int | None) -> None:
         while True:
             now = time.monotonic()
             remaining = end - now
@@ -216,6 +241,18 @@ class SqliteGateway:
                 # Another connection committed: maybe a delivery, so look.
                 self._last_change = time.monotonic()
                 return
+
+    def _watch_other_processes(self) -> bool:
+        """Watch this database's log (once per process): other processes'
+        commits then wake this process's waiting dequeues at once instead of
+        at the next ``data_version`` poll. False when it cannot be watched."""
+        if self.in_memory:
+            return False
+        waker = self._waker
+        pid = os.getpid()
+        if waker.watched_in != pid and _wake.watch(self.path, waker.wake):
+            waker.watched_in = pid
+        return waker.watched_in == pid
 
     def _data_version(self) -> int | None:
         """The connection's ``PRAGMA data_version``: it changes when another
@@ -452,6 +489,16 @@ class SqliteGateway:
     def close(self) -> None:
         if self.checkpointer is not None:
             self.checkpointer.close()
+        waker = self._waker
+        with _WAKERS_LOCK:
+            if self._conn is not None:
+                waker.gateways -= 1
+            # The last gateway of the database in this process ends its watch.
+            unwatch = waker.gateways <= 0 and waker.watched_in == os.getpid()
+            if unwatch:
+                waker.watched_in = -1
+        if unwatch:
+            _wake.unwatch(self.path)
         with self._lock:
             if self._conn is not None and os.getpid() == self._pid:
                 self._conn.close()
