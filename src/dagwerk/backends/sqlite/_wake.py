@@ -25,6 +25,7 @@ import select
 import struct
 import sys
 import threading
+import time
 from collections.abc import Callable
 
 __all__ = ["available", "begin_wait", "end_wait", "unwatch", "watch"]
@@ -36,6 +37,7 @@ _IN_CREATE = 0x00000100
 _IN_CLOEXEC = 0o2000000
 _EVENT = struct.Struct("iIII")  # wd, mask, cookie, len; then len bytes of name
 _IDLE_SECONDS = 0.5  # how often the thread looks whether it is still needed
+_GRACE_SECONDS = 0.002  # head start of the committing process (see _serve)
 
 
 def _libc() -> ctypes.CDLL | None:
@@ -138,7 +140,15 @@ class _Watcher:
                         self.someone_waits.wait(_IDLE_SECONDS)
                 ready, _, _ = select.select([fd], [], [], _IDLE_SECONDS)
                 if ready:
-                    for wake in self._targets(os.read(fd, 65536)):
+                    targets = self._targets(os.read(fd, 65536))
+                    if targets:
+                        # The committing process usually takes its own new
+                        # work within a millisecond; another process that
+                        # raced it for every delivery would only add hand-
+                        # offs (seen in a chain on two workers), so its
+                        # waiters look a moment later.
+                        time.sleep(_GRACE_SECONDS)
+                    for wake in targets:
                         wake()
                 with self.lock:
                     if not self.wakes:

@@ -217,19 +217,22 @@ class SqliteGateway:
         if watched:
             _wake.begin_wait()
         try:
-            self._wait(end, since, seen)
+            self._wait(end, since, seen, watched)
         finally:
             if watched:
                 _wake.end_wait()
 
-    def _wait(self, end: float, since: int | None, seen: int | None) -> None:
+    def _wait(self, end: float, since: int | None, seen: int | None, watched: bool) -> None:
         while True:
             now = time.monotonic()
             remaining = end - now
             if remaining <= 0:
                 return
             quiet = now - self._last_change
-            step = min(remaining, max(_POLL_MIN_SECONDS, quiet / _POLL_QUIET_DIVISOR))
+            # Watched, other processes' commits wake this wait: the poll is
+            # only a safety net and need not run fast while they commit.
+            fast = _POLL_SECONDS if watched else _POLL_MIN_SECONDS
+            step = min(remaining, max(fast, quiet / _POLL_QUIET_DIVISOR))
             with self._waker.cond:
                 if since is not None and self._waker.epoch != since:
                     self._last_change = time.monotonic()
