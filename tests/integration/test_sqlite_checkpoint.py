@@ -11,8 +11,6 @@ and that closing the gateway stops the thread.
 from __future__ import annotations
 
 import os
-import time
-from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -20,16 +18,9 @@ import pytest
 from dagwerk.backends.sqlite import _checkpoint
 from dagwerk.backends.sqlite._checkpoint import BACKSTOP_PAGES, COMMITS_PER_PASS
 from dagwerk.backends.sqlite.gateway import SqliteGateway
+from dagwerk.testing.waits import wait_until
 
 _PAGE = 4096
-
-
-def _wait_for(check: Callable[[], bool], what: str, timeout: float = 10.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not check():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        time.sleep(0.005)
 
 
 def _gateway(tmp_path: Path) -> SqliteGateway:
@@ -83,7 +74,7 @@ def test_the_background_thread_copies_the_log(
         assert _file_pages(db) < 10
         assert checkpointer.passes == 0
         _write_pages(gateway, 2, 1)
-        _wait_for(lambda: checkpointer.passes >= 1, "a background checkpoint")
+        wait_until(lambda: checkpointer.passes >= 1, "a background checkpoint")
         assert _file_pages(db) > 1000
     finally:
         gateway.close()
@@ -96,7 +87,7 @@ def test_an_idle_database_is_checkpointed(tmp_path: Path, monkeypatch: pytest.Mo
         _write_pages(gateway, 3, 2)
         checkpointer = gateway.checkpointer
         assert checkpointer is not None
-        _wait_for(lambda: checkpointer.passes >= 1, "an idle checkpoint")
+        wait_until(lambda: checkpointer.passes >= 1, "an idle checkpoint")
         assert _file_pages(tmp_path / "db.sqlite") > 6
     finally:
         gateway.close()

@@ -9,13 +9,13 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 
 from dagwerk.backends.sqlite import _wake
 from dagwerk.backends.sqlite.gateway import SqliteGateway
+from dagwerk.testing.waits import wait_until
 
 pytestmark = pytest.mark.skipif(not _wake.available(), reason="needs Linux inotify")
 
@@ -25,14 +25,6 @@ conn = sqlite3.connect(sys.argv[1], isolation_level=None)
 conn.execute("INSERT INTO notes (body) VALUES ('from another process')")
 conn.close()
 """
-
-
-def _wait_for(check: Callable[[], bool], what: str, timeout: float = 10.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not check():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        time.sleep(0.002)
 
 
 def _waiting(gateway: SqliteGateway, seconds: float = 10.0) -> threading.Thread:
@@ -68,11 +60,11 @@ def test_a_commit_of_another_process_wakes_the_waiters(tmp_path: Path) -> None:
         delivered = _wake.delivered()
         before = gateway.work_epoch()
         waiter = _waiting(gateway)
-        _wait_for(lambda: _wake._current().waiting > 0, "the dequeue to wait")
+        wait_until(lambda: _wake._current().waiting > 0, "the dequeue to wait")
         _write_from_another_process(db)
         # The epoch moves without any commit of this process: the waiting
         # dequeue wakes now, not at its next poll.
-        _wait_for(lambda: gateway.work_epoch() != before, "the cross-process wake-up")
+        wait_until(lambda: gateway.work_epoch() != before, "the cross-process wake-up")
         assert _wake.delivered() > delivered
         waiter.join(10)
     finally:
@@ -85,13 +77,13 @@ def test_other_files_in_the_directory_do_not_wake(tmp_path: Path) -> None:
     try:
         gateway.wait_for_work(0.001)
         waiter = _waiting(gateway)
-        _wait_for(lambda: _wake._current().waiting > 0, "the dequeue to wait")
+        wait_until(lambda: _wake._current().waiting > 0, "the dequeue to wait")
         other = tmp_path / "unrelated.txt"
         before = _wake.delivered()
         for n in range(50):
             other.write_text(str(n))
         _write_from_another_process(db)
-        _wait_for(lambda: _wake.delivered() > before, "the wake-up of the database write")
+        wait_until(lambda: _wake.delivered() > before, "the wake-up of the database write")
         # The 50 unrelated writes woke nobody: a database write is a short
         # burst of events, read at once or in a few reads.
         assert _wake.delivered() <= before + 3
@@ -109,9 +101,9 @@ def test_the_last_gateway_to_close_ends_the_watch(tmp_path: Path) -> None:
     first.close()
     before = second.work_epoch()
     waiter = _waiting(second)
-    _wait_for(lambda: _wake._current().waiting > 0, "the dequeue to wait")
+    wait_until(lambda: _wake._current().waiting > 0, "the dequeue to wait")
     _write_from_another_process(db)  # still woken: the second gateway is open
-    _wait_for(lambda: second.work_epoch() != before, "the wake-up for the open gateway")
+    wait_until(lambda: second.work_epoch() != before, "the wake-up for the open gateway")
     waiter.join(10)
     second.close()
     # The database's directory is no longer watched ...

@@ -4,8 +4,6 @@ from __future__ import annotations
 
 import logging
 import threading
-import time
-from collections.abc import Callable
 
 import pytest
 
@@ -13,6 +11,7 @@ from dagwerk.constants import RunStatus
 from dagwerk.runtime.actor import ActorState, AdvancementActor
 from dagwerk.runtime.clock import FakeClock
 from dagwerk.runtime.errors import AdvancementWaitError, RunAdvancementStoppedError
+from dagwerk.testing.waits import wait_until
 
 
 class FakeRuns:
@@ -202,17 +201,6 @@ def test_aa_07_lifecycle_is_terminal_and_stop_waits_only_for_the_step_in_flight(
     assert runs.status["r"] is RunStatus.RUNNING  # stop persisted nothing
 
 
-def _deadline_wait(check: Callable[[], bool], timeout: float = 10.0) -> bool:
-    """Poll ``check`` until it holds or ``timeout`` seconds pass."""
-    end = time.monotonic() + timeout
-    pause = threading.Event()
-    while time.monotonic() < end:
-        if check():
-            return True
-        pause.wait(0.002)
-    return False
-
-
 def test_a_step_that_waited_for_work_is_its_own_backoff() -> None:
     """An idle worker's step is a long poll; the actor looks again at once
     instead of sleeping on top of it (no delay for work arriving then)."""
@@ -235,7 +223,7 @@ def test_a_step_that_waited_for_work_is_its_own_backoff() -> None:
     waiter = _waiter(actor, "r", results)
     try:
         # The fake clock never moves: only steps without a backoff sleep repeat.
-        assert _deadline_wait(lambda: len(calls) >= 3)
+        wait_until(lambda: len(calls) >= 3, "repeated steps")
     finally:
         actor.stop()
         waiter.join(30)
@@ -258,7 +246,7 @@ def test_a_step_that_returned_at_once_still_backs_off() -> None:
     try:
         # The observer and, after one step, the actor's backoff sleep wait
         # on the fake clock, which never moves.
-        assert _deadline_wait(lambda: bool(calls) and clock.waiters >= 2)
+        wait_until(lambda: bool(calls) and clock.waiters >= 2, "the backoff sleep")
         assert len(calls) == 1
     finally:
         actor.stop()
