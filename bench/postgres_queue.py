@@ -33,18 +33,14 @@ Prints a table, then one JSON line.
 from __future__ import annotations
 
 import argparse
-import asyncio
 import json
 import os
 import subprocess
 import sys
-import threading
 import time
 import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
-from typing import Any
-from urllib.parse import urlsplit, urlunsplit
 
 import psycopg
 
@@ -53,6 +49,7 @@ from dagwerk.constants import InputMode
 from dagwerk.execution import claim_task
 from dagwerk.models import DagNode, EmittedOutput, InputEdge
 from dagwerk.orchestrator import OrchestratorCallbacks, on_task_complete, reconcile_run, start_run
+from dagwerk.testing.pg_proxy import DelayProxy
 
 
 def _noop(run_id: str) -> None:
@@ -231,74 +228,6 @@ def cpu_per_cycle(url: str, schema: str, cycles: int) -> dict[str, float]:
 
 
 # -- a delaying proxy: round trips and network latency --------------------------------
-
-
-class DelayProxy:
-    """A TCP proxy to the server of ``url`` on 127.0.0.1 that delays every
-    byte the server sends by ``delay`` seconds and counts round trips: a
-    burst of server bytes that follows client bytes."""
-
-    def __init__(self, url: str, delay: float) -> None:
-        parts = urlsplit(url)
-        self._target = (parts.hostname or "127.0.0.1", parts.port or 5432)
-        self._parts = parts
-        self.delay = delay
-        self.round_trips = 0
-        self._count_lock = threading.Lock()
-        self._loop = asyncio.new_event_loop()
-        self._ready = threading.Event()
-        self.port = 0
-        threading.Thread(target=self._serve, daemon=True).start()
-        self._ready.wait()
-
-    @property
-    def url(self) -> str:
-        """``url`` with its host and port replaced by the proxy's."""
-        user = self._parts.netloc.rpartition("@")[0]
-        host = f"127.0.0.1:{self.port}"
-        return urlunsplit(self._parts._replace(netloc=f"{user}@{host}" if user else host))
-
-    def _serve(self) -> None:
-        asyncio.set_event_loop(self._loop)
-        server = self._loop.run_until_complete(asyncio.start_server(self._relay, "127.0.0.1", 0))
-        self.port = server.sockets[0].getsockname()[1]
-        self._ready.set()
-        self._loop.run_forever()
-
-    async def _relay(self, client_in: asyncio.StreamReader, client_out: Any) -> None:
-        server_in, server_out = await asyncio.open_connection(*self._target)
-        server_spoke_last = [True]
-        pending: asyncio.Queue[tuple[float, bytes]] = asyncio.Queue()
-
-        async def upstream() -> None:
-            while data := await client_in.read(65536):
-                with self._count_lock:
-                    server_spoke_last[0] = False
-                server_out.write(data)
-                await server_out.drain()
-            server_out.close()
-
-        async def downstream() -> None:
-            while data := await server_in.read(65536):
-                await pending.put((time.monotonic() + self.delay, data))
-            await pending.put((0.0, b""))
-
-        async def deliver() -> None:
-            while True:
-                due, data = await pending.get()
-                if not data:
-                    client_out.close()
-                    return
-                if (pause := due - time.monotonic()) > 0:
-                    await asyncio.sleep(pause)
-                with self._count_lock:
-                    if not server_spoke_last[0]:
-                        self.round_trips += 1
-                    server_spoke_last[0] = True
-                client_out.write(data)
-                await client_out.drain()
-
-        await asyncio.gather(upstream(), downstream(), deliver(), return_exceptions=True)
 
 
 def _serve_proxy(url: str, delay: float) -> None:

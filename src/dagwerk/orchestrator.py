@@ -25,10 +25,10 @@ import logging
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
+from dagwerk._launch_checks import check_launch_result
 from dagwerk._protocols import implements
 from dagwerk.constants import (
     FailurePolicy,
-    LaunchCreateStatus,
     NodeDisposition,
     RunStatus,
     TaskStatus,
@@ -38,7 +38,6 @@ from dagwerk.limits import DEFAULT_LIMITS, Limits
 from dagwerk.models import (
     DagNode,
     EmittedOutput,
-    LaunchCreateResult,
     NodeLaunch,
     PlanningSnapshot,
     TaskInputPlan,
@@ -438,7 +437,7 @@ class _Reconciler:
             result = store.try_create_node_launch(
                 self.run_id, index, node.plugin, snapshot.token, plans, zero, error
             )
-            launch = _check_launch_result(
+            launch = check_launch_result(
                 result,
                 run_id=self.run_id,
                 node_index=index,
@@ -456,68 +455,6 @@ class _Reconciler:
             limits.max_snapshot_retries,
         )
         return None
-
-
-def _check_launch_result(
-    result: object,
-    *,
-    run_id: str,
-    node_index: int,
-    plugin: str,
-    plan_count: int,
-    disposition: NodeDisposition,
-    generation: int,
-) -> NodeLaunch | None:
-    """OR-06/OR-07: the launch the store reports must be the one requested.
-
-    ``None`` means "try again": STALE, or ALREADY_EXISTS for another generation.
-    """
-    if not isinstance(result, LaunchCreateResult):
-        raise StoreContractError("try_create_node_launch must return a LaunchCreateResult")
-    if result.status == LaunchCreateStatus.STALE:
-        return None
-    launch = result.launch
-    if not isinstance(launch, NodeLaunch):
-        raise StoreContractError(f"a {result.status.value} launch result carries no NodeLaunch")
-
-    def mismatch(name: str) -> StoreContractError:
-        return StoreContractError(
-            f"launch result for node {node_index} has mismatched field {name!r}", field=name
-        )
-
-    if launch.run_id != run_id:
-        raise mismatch("run_id")
-    if launch.node_index != node_index:
-        raise mismatch("node_index")
-    if launch.plugin_name != plugin:
-        raise mismatch("plugin_name")
-    if any(not task_id for task_id in launch.task_ids) or len(set(launch.task_ids)) != len(
-        launch.task_ids
-    ):
-        raise mismatch("task_ids")
-    if launch.disposition == NodeDisposition.LAUNCHED:
-        if not launch.task_ids:
-            raise mismatch("task_ids")
-    else:
-        if launch.task_ids:
-            raise mismatch("task_ids")
-        if not launch.complete:
-            raise mismatch("complete")
-        if launch.disposition == NodeDisposition.FAILED and not launch.error:
-            raise mismatch("error")
-    if result.status == LaunchCreateStatus.ALREADY_EXISTS:
-        # Only a launch of the generation this snapshot planned counts as ours.
-        return launch if launch.generation == generation else None
-    if launch.generation != generation:
-        raise mismatch("generation")
-    expected = NodeDisposition.LAUNCHED if plan_count else disposition
-    if launch.disposition != expected:
-        raise mismatch("disposition")
-    if len(launch.task_ids) != plan_count:
-        raise mismatch("task_ids")
-    if plan_count and launch.complete:
-        raise mismatch("complete")
-    return launch
 
 
 def _run_activity(store: DagStore, run_id: str, launches: Mapping[int, NodeLaunch]) -> RunActivity:
