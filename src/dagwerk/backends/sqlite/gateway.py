@@ -1,6 +1,8 @@
 """The SQLite gateway: one connection, named queries, transactions, errors.
 
-This module is the only place that talks to :mod:`sqlite3`. It loads
+This module is the only place that runs the store's statements on
+:mod:`sqlite3` (the background checkpointer of ``_checkpoint.py`` keeps a
+connection of its own that only checkpoints). It loads
 ``queries.sql`` once, opens every write with ``BEGIN IMMEDIATE`` (the write
 lock is taken up front, so a transaction never fails half-way on a lock
 upgrade), waits up to ``busy_timeout`` for other writers, and translates
