@@ -299,6 +299,20 @@ class DagNode(BaseModel):
 
     def model_copy(self, *, update: Mapping[str, Any] | None = None, deep: bool = False) -> Self:
         """A copy; ``update`` values are validated like constructor arguments."""
+        if not update and type(self) is DagNode:
+            # Every value here passed validation (on construction or
+            # assignment) and every nested model is frozen, so re-validating
+            # would only rebuild the containers: a copy with its own bindings
+            # dict is the same result for a fraction of the cost (the worker
+            # copies a cached node per task).
+            state = dict(self.__dict__)
+            state["bindings"] = dict(self.bindings)
+            copy = type(self).__new__(type(self))
+            object.__setattr__(copy, "__dict__", state)
+            object.__setattr__(copy, "__pydantic_fields_set__", set(state))
+            object.__setattr__(copy, "__pydantic_extra__", None)
+            object.__setattr__(copy, "__pydantic_private__", None)
+            return copy
         values: dict[str, Any] = {name: getattr(self, name) for name in type(self).model_fields}
         values["bindings"] = dict(self.bindings)
         if update:

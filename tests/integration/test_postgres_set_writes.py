@@ -177,6 +177,7 @@ def make_store(postgres_url: str) -> Iterator[Callable[..., PostgresStore]]:
         )
         ids = itertools.count()
         store._new_id = lambda: f"id-{next(ids):06d}"  # type: ignore[method-assign]
+        store._new_ids = lambda n: [store._new_id() for _ in range(n)]  # type: ignore[method-assign]
         opened.append(store)
         return store
 
@@ -426,8 +427,8 @@ def _lease_rows(store: PostgresStore, expires: Sequence[object]) -> list[dict[st
                     "run_id": "run-1",
                     "node_index": 0,
                     "launch_id": "run-1:launch:0:0",
-                    "queue": None,
-                    "priority": None,
+                    "queue": "default",
+                    "priority": 0,
                     "now": 1.5,
                     "delivery_count": 0,
                 }
@@ -705,7 +706,7 @@ def test_long_payloads_are_split_in_row_order(
     assert ("task_insert", 40, len(segments)) in sent.calls
 
 
-def test_queue_rows_take_the_runs_queue_and_a_missing_run_inserts_nothing(
+def test_queue_rows_keep_the_queue_and_priority_they_are_given(
     make_store: Callable[..., PostgresStore], sent: Sent
 ) -> None:
     def insert(store: PostgresStore) -> object:
@@ -714,6 +715,7 @@ def test_queue_rows_take_the_runs_queue_and_a_missing_run_inserts_nothing(
             "task_id": task.task_id,
             "attempt_id": task.attempt_id,
             "generation": 0,
+            "run_id": "run-1",
             "node_index": 0,
             "launch_id": "run-1:launch:0:0",
             "now": 3.5,
@@ -723,15 +725,9 @@ def test_queue_rows_take_the_runs_queue_and_a_missing_run_inserts_nothing(
             tx.many(
                 "delivery_insert",
                 [
-                    {
-                        **row,
-                        "delivery_id": "d-a",
-                        "run_id": "run-1",
-                        "queue": None,
-                        "priority": None,
-                    },
-                    {**row, "delivery_id": "d-b", "run_id": "nope", "queue": "q", "priority": 1},
-                    {**row, "delivery_id": "d-c", "run_id": "run-1", "queue": "q", "priority": 9},
+                    {**row, "delivery_id": "d-a", "queue": "default", "priority": 0},
+                    {**row, "delivery_id": "d-b", "queue": "q", "priority": 1},
+                    {**row, "delivery_id": "d-c", "queue": "q", "priority": 9},
                 ],
             )
         with store._pg.read() as tx:
@@ -740,11 +736,9 @@ def test_queue_rows_take_the_runs_queue_and_a_missing_run_inserts_nothing(
                 for row in tx.all("deliveries_list", {"run_id": None})
             )
 
-    set_store, stored = _both(make_store, _started, insert)
+    _, stored = _both(make_store, _started, insert)
     assert isinstance(stored, list)
-    assert ("d-c", "q", 9) in stored
-    assert ("d-a", set_store.default_queue, set_store.default_priority) in stored
-    assert not any(row[0] == "d-b" for row in stored)
+    assert {("d-a", "default", 0), ("d-b", "q", 1), ("d-c", "q", 9)} <= set(stored)
     assert ("delivery_insert", 3, 1) in sent.calls
 
 
@@ -883,8 +877,8 @@ def test_set_forms_do_work_linear_in_rows_and_table_whatever_the_statistics(
                     "run_id": "run-1",
                     "node_index": 1,
                     "launch_id": "run-1:launch:0:0",
-                    "queue": None,
-                    "priority": None,
+                    "queue": "default",
+                    "priority": 0,
                     "now": 1.0,
                     "delivery_count": 0,
                 }

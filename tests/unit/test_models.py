@@ -100,6 +100,30 @@ def test_gv_18_dag_node_model_copy_revalidates_the_update() -> None:
     assert "b" not in node.bindings
 
 
+def test_a_plain_dag_node_copy_equals_a_validated_one_and_stays_independent() -> None:
+    node = DagNode(
+        slug="node",
+        plugin="plugin",
+        edges=[{"name": "records", "source": "load"}],
+        bindings={"a": LiteralSource(value=1)},
+        retry={"max_attempts": 3},
+        priority=2,
+    )
+    copied = node.model_copy()
+    validated = DagNode.model_validate(node.model_dump())
+    assert copied == validated == node
+    assert copied.model_fields_set == validated.model_fields_set
+    assert copied.bindings is not node.bindings
+    copied.bindings["b"] = LiteralSource(value=2)
+    assert "b" not in node.bindings
+    # Still a validating model of its own: assignment checks the value and
+    # changes only the copy.
+    copied.priority = 5
+    assert (copied.priority, node.priority) == (5, 2)
+    with pytest.raises(ValidationError):
+        copied.plugin = ""
+
+
 # --- GV-19 ------------------------------------------------------------------
 
 _EDGE_NAME_MODELS: tuple[Callable[[str], object], ...] = (

@@ -37,6 +37,10 @@ def test_new_ids_are_32_random_hex_digits() -> None:
     ids = {SqlStoreBase._new_id(None) for _ in range(1000)}  # type: ignore[arg-type]
     assert len(ids) == 1000
     assert all(len(i) == 32 and int(i, 16) >= 0 for i in ids)
+    batch = SqlStoreBase._new_ids(None, 1000)  # type: ignore[arg-type]
+    assert len(set(batch) | ids) == 2000
+    assert all(len(i) == 32 and int(i, 16) >= 0 for i in batch)
+    assert SqlStoreBase._new_ids(None, 0) == []  # type: ignore[arg-type]
 
 
 def test_non_finite_numbers_are_refused_as_before() -> None:

@@ -251,6 +251,11 @@ SELECT * FROM dagwerk_tasks WHERE run_id = :run_id AND (:all = 1 OR invalidated 
 UPDATE dagwerk_tasks SET status = :new, error = :error
 WHERE task_id = :task_id AND status = :old AND attempt_id = :attempt_id;
 
+-- name: task_claim
+-- task_set_status QUEUED -> RUNNING that also records the leasing worker.
+UPDATE dagwerk_tasks SET status = :new, error = :error, worker_id = :worker_id
+WHERE task_id = :task_id AND status = :old AND attempt_id = :attempt_id;
+
 -- name: task_replace_attempt
 UPDATE dagwerk_tasks
 SET attempt_id = :attempt_id, status = 'queued', error = NULL,
@@ -412,10 +417,8 @@ FROM dagwerk_tasks WHERE task_id = :task_id;
 INSERT INTO dagwerk_deliveries
     (delivery_id, task_id, attempt_id, generation, run_id, node_index, launch_id,
      queue, priority, available_at, delivery_count)
-SELECT :delivery_id, :task_id, :attempt_id, :generation, :run_id, :node_index, :launch_id,
-       coalesce(CAST(:queue AS text), queue), coalesce(CAST(:priority AS bigint), priority),
-       :now, :delivery_count
-FROM dagwerk_runs WHERE run_id = :run_id;
+VALUES (:delivery_id, :task_id, :attempt_id, :generation, :run_id, :node_index, :launch_id,
+        :queue, :priority, :now, :delivery_count);
 
 -- name: delivery_delete
 DELETE FROM dagwerk_deliveries WHERE delivery_id = :delivery_id;

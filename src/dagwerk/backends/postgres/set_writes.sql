@@ -132,14 +132,11 @@ ORDER BY r.ord;
 
 -- name: delivery_insert
 -- key: delivery_id
--- A row whose run does not exist inserts nothing, as the per-row
--- INSERT ... SELECT FROM dagwerk_runs does.
 INSERT INTO dagwerk_deliveries
     (delivery_id, task_id, attempt_id, generation, run_id, node_index, launch_id,
      queue, priority, available_at, delivery_count)
 SELECT r.delivery_id, r.task_id, r.attempt_id, r.generation, r.run_id, r.node_index,
-       r.launch_id, coalesce(r.queue, u.queue), coalesce(r.priority, u.priority), r.now,
-       r.delivery_count
+       r.launch_id, r.queue, r.priority, r.now, r.delivery_count
 FROM (SELECT e.ord, j.*
       FROM unnest(ARRAY(SELECT jsonb_array_elements(CAST(:rows AS jsonb))))
                WITH ORDINALITY AS e (v, ord),
@@ -149,7 +146,6 @@ FROM (SELECT e.ord, j.*
                now double precision, delivery_count bigint)
       WHERE jsonb_typeof(e.v) = 'object'
       OFFSET 0) AS r
-JOIN dagwerk_runs AS u ON u.run_id = r.run_id
 ORDER BY r.ord;
 
 -- name: queue_lease

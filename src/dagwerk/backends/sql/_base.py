@@ -84,6 +84,8 @@ class SqlStoreBase:
         # Stored node definitions never change, so parsed copies are cached
         # per run for the store's lifetime (runs are never deleted).
         self._nodes_cache: dict[str, tuple[DagNode, ...]] = {}
+        # The run's queue and priority, written once by create_run.
+        self._run_routes: dict[str, tuple[str, int]] = {}
         self._topologies: dict[str, RunTopology] = {}
         self._policies: dict[str, FailurePolicy] = {}
         # Tasks this process's dequeues crashed by dead-lettering (drained by
@@ -95,8 +97,14 @@ class SqlStoreBase:
 
     def _new_id(self) -> str:
         # 128 random bits as 32 hex digits, like uuid4().hex without building
-        # a UUID object (two per task on the launch path).
+        # a UUID object.
         return os.urandom(16).hex()
+
+    def _new_ids(self, count: int) -> list[str]:
+        """``count`` IDs like :meth:`_new_id`'s from one read of the system's
+        random source (a launch needs two per task)."""
+        text = os.urandom(16 * count).hex()
+        return [text[start : start + 32] for start in range(0, 32 * count, 32)]
 
     def _now(self) -> float:
         return float(self._clock())
@@ -171,17 +179,20 @@ class SqlStoreBase:
             # The write lock is held, so this means a bug, not a race.
             raise StoreContractError(f"task {task['task_id']!r} changed under the write lock")
 
-    def _route(self, tx: Tx, run_id: str, node_index: int) -> tuple[str | None, int | None]:
-        """The node's own queue and priority; ``None`` keeps the run's default."""
+    def _route(self, tx: Tx, run_id: str, node_index: int) -> tuple[str, int]:
+        """The queue and priority of the node's deliveries: the node's own, or
+        the run's where the node keeps the default."""
         nodes = self._nodes_cache.get(run_id)
-        if nodes is None:
+        route = self._run_routes.get(run_id)
+        if nodes is None or route is None:
             run = tx.one("run_get", {"run_id": run_id})
             assert run is not None
             nodes = self._nodes(run)
+            route = self._run_routes[run_id] = (run["queue"], run["priority"])
         node = nodes[node_index]
         return (
-            node.queue if node.queue != "default" else None,
-            node.priority if node.priority else None,
+            node.queue if node.queue != "default" else route[0],
+            node.priority if node.priority else route[1],
         )
 
     def _enqueue(

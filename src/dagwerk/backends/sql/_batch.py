@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import json
 from collections.abc import Mapping, Sequence
-from dataclasses import replace
 from typing import TypeVar
 
 from dagwerk.backends.errors import StoreUnavailableError
@@ -87,11 +86,16 @@ class BatchMixin(TasksMixin, QueueMixin):
             found.update(claimed)
         return [ClaimedDelivery(d, found[d.delivery_id]) for d in leased]
 
-    def _claim_many(self, tx: Tx, leased: list[LeasedDelivery]) -> list[Row | None]:
+    def _claim_many(
+        self, tx: Tx, leased: list[LeasedDelivery], *, worker_id: str | None = None
+    ) -> list[Row | None]:
         """``try_claim_task`` for each leased row's attempt, in the caller's
         transaction: the tasks are read in one statement and set RUNNING in
         one more. A task claimed by an earlier row of the batch is not QUEUED
-        for a later one, as with one claim after another."""
+        for a later one, as with one claim after another. With ``worker_id``
+        (a lease in this transaction that has not recorded its worker on the
+        tasks yet) the claim records it too, and a QUEUED task left unclaimed
+        gets it as the lease would have given it."""
         ids = list(dict.fromkeys(d.task_id for d in leased))
         rows = {
             row["task_id"]: row
@@ -99,6 +103,7 @@ class BatchMixin(TasksMixin, QueueMixin):
         }
         records: list[Row | None] = []
         updates: list[dict[str, object]] = []
+        unclaimed: list[dict[str, object]] = []
         claimed: set[str] = set()
         for delivery in leased:
             row = rows.get(delivery.task_id)
@@ -110,6 +115,14 @@ class BatchMixin(TasksMixin, QueueMixin):
                 )
             ):
                 records.append(None)
+                if worker_id is not None:
+                    unclaimed.append(
+                        {
+                            "task_id": delivery.task_id,
+                            "attempt_id": delivery.attempt_id,
+                            "worker_id": worker_id,
+                        }
+                    )
                 continue
             check_task_transition(TaskStatus.QUEUED, TaskStatus.RUNNING)
             claimed.add(delivery.task_id)
@@ -120,11 +133,16 @@ class BatchMixin(TasksMixin, QueueMixin):
                     "attempt_id": delivery.attempt_id,
                     "new": TaskStatus.RUNNING.value,
                     "error": row["error"],
+                    "worker_id": worker_id,
                 }
             )
             records.append(row)
-        if updates:
+        if updates and worker_id is None:
             tx.many("task_set_status", updates)
+        elif updates:
+            tx.many("task_claim", updates)
+        if unclaimed:
+            tx.many("task_set_worker", unclaimed)
         return records
 
     def complete_and_ack(
@@ -295,7 +313,7 @@ def _claimed(row: Row | None) -> TaskRecord | None:
     if row is None:
         return None
     try:
-        return replace(task_record(row), status=TaskStatus.RUNNING)
+        return task_record(row, TaskStatus.RUNNING)
     except ValueError:
         return None
 

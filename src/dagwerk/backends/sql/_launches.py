@@ -226,6 +226,7 @@ class LaunchesMixin(SqlStoreBase):
                     "task_count": len(plans),
                 },
             )
+            ids = self._new_ids(2 * len(plans))
             rows = [
                 {
                     "task_id": f"{run_id}:{node_index}:{generation}:{n}",
@@ -234,9 +235,9 @@ class LaunchesMixin(SqlStoreBase):
                     "generation": generation,
                     "launch_id": launch_id,
                     "status": TaskStatus.QUEUED.value,
-                    "attempt_id": self._new_id(),
+                    "attempt_id": ids[2 * n],
                     "plan": plan.model_dump_json(),
-                    "delivery_id": self._new_id(),
+                    "delivery_id": ids[2 * n + 1],
                 }
                 for n, plan in enumerate(plans)
             ]

@@ -86,7 +86,9 @@ class QueueMixin(SqlStoreBase):
             else:
                 time.sleep(min(remaining, 0.05))
 
-    def _claim_many(self, tx: Tx, leased: list[LeasedDelivery]) -> list[Row | None]:
+    def _claim_many(
+        self, tx: Tx, leased: list[LeasedDelivery], *, worker_id: str | None = None
+    ) -> list[Row | None]:
         """Claim the leased rows' attempts in ``tx`` (implemented by the batch mixin)."""
         raise NotImplementedError
 
@@ -162,22 +164,25 @@ class QueueMixin(SqlStoreBase):
                         for r in taken
                     ],
                 )
-                tx.many(
-                    "task_set_worker",
-                    [
-                        {
-                            "task_id": r["task_id"],
-                            "attempt_id": r["attempt_id"],
-                            "worker_id": worker_id,
-                        }
-                        for r in taken
-                    ],
-                )
+                if claims is None:
+                    # (With ``claims`` the claim below records the worker in
+                    # the same statement that sets the task RUNNING.)
+                    tx.many(
+                        "task_set_worker",
+                        [
+                            {
+                                "task_id": r["task_id"],
+                                "attempt_id": r["attempt_id"],
+                                "worker_id": worker_id,
+                            }
+                            for r in taken
+                        ],
+                    )
                 leased.extend(_leased(row, worker_id, expires) for row in taken)
                 if exhausted:
                     break
             if claims is not None and leased:
-                claims.extend(self._claim_many(tx, leased))
+                claims.extend(self._claim_many(tx, leased, worker_id=worker_id))
         for row in spent.values():
             if leased:
                 # The leases are committed; a failed burial must not lose them

@@ -32,14 +32,15 @@ from ._plans import parse_plan
 from .gateway import Row, Tx
 
 
-def task_record(row: Row) -> TaskRecord:
+def task_record(row: Row, status: TaskStatus | None = None) -> TaskRecord:
+    """The task of ``row``; with ``status``, as a transition to it just left it."""
     return TaskRecord(
         task_id=row["task_id"],
         run_id=row["run_id"],
         node_index=row["node_index"],
         generation=row["generation"],
         launch_id=row["launch_id"],
-        status=TaskStatus(row["status"]),
+        status=TaskStatus(row["status"]) if status is None else status,
         attempt_id=row["attempt_id"],
         plan=parse_plan(row["plan"]),
         error=row["error"],
