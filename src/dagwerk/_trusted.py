@@ -27,10 +27,14 @@ _set_attribute = object.__setattr__
 _FIELDS: dict[type[BaseModel], frozenset[str]] = {}
 
 
-def trusted_model(cls: type[_M], values: dict[str, Any]) -> _M:
+def trusted_model(
+    cls: type[_M], values: dict[str, Any], fields_set: frozenset[str] | None = None
+) -> _M:
     """What ``cls.model_construct(**values)`` builds when ``values`` holds
-    every field of ``cls`` (a model without private attributes)."""
-    fields = _FIELDS.get(cls)
+    every field of ``cls`` (a model without private attributes); with
+    ``fields_set``, as if only those fields had been given (the others
+    holding their defaults)."""
+    fields = fields_set if fields_set is not None else _FIELDS.get(cls)
     if fields is None:
         fields = _FIELDS[cls] = frozenset(cls.model_fields)
     model = cls.__new__(cls)

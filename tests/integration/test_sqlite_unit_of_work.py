@@ -105,6 +105,27 @@ def test_blocks_nest(db: Path) -> None:
         assert other.get_run_status("r1") is RunStatus.PENDING
 
 
+def test_the_block_takes_the_write_lock_at_its_first_write(db: Path) -> None:
+    with SqliteStore(str(db)) as store, SqliteStore(str(db)) as other:
+        with store.unit_of_work():
+            # Before the block writes, it holds no lock: another connection
+            # writes, and the block's read (a transaction of its own) sees it.
+            early = threading.Thread(target=other.create_run, args=("r0", _NODES))
+            early.start()
+            early.join(5)
+            assert not early.is_alive()
+            assert store.get_run_status("r0") is RunStatus.PENDING
+            assert store.create_run("r1", _NODES)
+            # From the first write on, the block holds the write lock.
+            thread = threading.Thread(target=other.create_run, args=("r2", _NODES))
+            thread.start()
+            thread.join(0.2)
+            assert thread.is_alive()
+        thread.join(5)
+        assert other.get_run_status("r1") is RunStatus.PENDING
+        assert other.get_run_status("r2") is RunStatus.PENDING
+
+
 def test_other_threads_wait_for_the_block(db: Path) -> None:
     with SqliteStore(str(db)) as store:
         seen: list[RunStatus | None] = []

@@ -44,6 +44,7 @@ from dagwerk.models import (
     Selection,
     TaskContext,
     TaskInputPlan,
+    emitted_output,
     task_plan_size,
 )
 
@@ -564,3 +565,48 @@ def test_output_data_is_a_read_only_copy(model: type[Any]) -> None:
     assert model(id="o").model_dump()["data"] == {}
     with pytest.raises(ValidationError):
         model(id="o", data=[("a", 1)])
+
+
+# --- emitted_output: EmittedOutput without pydantic's per-call work ---------------------------
+
+
+def _nested(depth: int) -> dict[str, Any]:
+    value: dict[str, Any] = {"leaf": 1}
+    for _ in range(depth):
+        value = {"in": value}
+    return value
+
+
+_FIELD_CASES: list[Any] = [
+    {},
+    {"n": 1},
+    {"a": "x", "b": [1, 2.5, None, True], "c": {"d": {"e": "f"}}},
+    {"big": 10**40, "neg": -0.0},
+    {"s": "x" * 200},
+    {"nan": float("nan")},  # not JSON
+    {"inf": float("inf")},
+    {1: "non-string key"},
+    {"obj": object()},
+    _nested(20),  # past the depth limit
+    {"huge": "x" * 70_000},  # past the fields byte limit
+    {f"k{i}": i for i in range(600)},  # past the key limit
+]
+
+
+@pytest.mark.parametrize("fields", _FIELD_CASES)
+@pytest.mark.parametrize("output_id", ["t/0", "", "x" * 300, "x" * 5000])
+def test_emitted_output_equals_validation_or_raises_the_same(output_id: str, fields: Any) -> None:
+    try:
+        expected = EmittedOutput(id=output_id, fields=fields)
+    except ValidationError as exc:
+        with pytest.raises(ValidationError) as raised:
+            emitted_output(output_id, fields)
+        assert raised.value.errors(include_url=False, include_context=False) == exc.errors(
+            include_url=False, include_context=False
+        )
+        return
+    built = emitted_output(output_id, fields)
+    assert built == expected
+    assert built.model_fields_set == expected.model_fields_set
+    assert isinstance(built.fields, FrozenDict) and isinstance(built.data, MappingProxyType)
+    assert built.model_dump_json() == expected.model_dump_json()

@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any
 from pydantic import ValidationError
 
 from dagwerk.errors import DagwerkError
-from dagwerk.models import EmittedOutput, TaskInputs
+from dagwerk.models import EmittedOutput, TaskInputs, emitted_output
 from dagwerk.runtime.errors import PluginOutputError, UnknownPluginError
 from dagwerk.runtime.retry_policy import RetryPolicy
 
@@ -115,7 +115,7 @@ def _one(item: object, task_id: str, position: int) -> EmittedOutput:
         return item
     if isinstance(item, Mapping):
         try:
-            return EmittedOutput(id=f"{task_id}/{position}", fields=dict(item))
+            return emitted_output(f"{task_id}/{position}", dict(item))
         except (ValidationError, ValueError) as exc:
             raise PluginOutputError(
                 f"plugin output {position} of task {task_id!r} is not routable JSON: {exc}",

@@ -21,7 +21,7 @@ import sqlite3
 import threading
 import time
 from collections.abc import Iterable, Iterator
-from contextlib import AbstractContextManager, contextmanager, suppress
+from contextlib import AbstractContextManager, ExitStack, contextmanager, suppress
 from pathlib import Path
 
 from dagwerk.backends.errors import (
@@ -197,9 +197,11 @@ class SqliteGateway:
         key = f"memory:{id(self)}" if self.in_memory else os.path.realpath(path)
         self._waker = _waker(key)
         self._last_change = float("-inf")  # monotonic time work was last seen
-        # A unit of work (see unit()): its thread and its open transaction.
+        # A unit of work (see unit()): its thread, its open transaction (from
+        # the block's first write on) and what closes that transaction.
         self._unit_owner: int | None = None
         self._unit_tx: _Tx | None = None
+        self._unit_stack: ExitStack | None = None
 
     def work_epoch(self) -> int:
         """The count of waking commits so far (pass it to :meth:`wait_for_work`)."""
@@ -399,27 +401,40 @@ class SqliteGateway:
         """One write transaction for every transaction this thread opens on
         the gateway inside the block (:class:`~dagwerk.store.UnitOfWorkStore`).
 
-        A joined write runs in a savepoint, so one that raises undoes only
-        its own statements; a joined read runs in the block's transaction
-        and sees its writes. The block commits when it ends and rolls back
-        when an exception leaves it; waking commits wake the waiting dequeues
-        only after that commit. Other threads wait for the block (it holds
-        the connection); an inner block joins the outer one.
+        The transaction begins (``BEGIN IMMEDIATE``) at the block's first
+        write, so work before it, such as encoding a completion's outputs,
+        does not hold the database's write lock; a read before that first
+        write is a transaction of its own, as outside a block. From the first
+        write on, a joined write runs in a savepoint, so one that raises
+        undoes only its own statements, and a joined read runs in the block's
+        transaction and sees its writes. The block commits when it ends and
+        rolls back when an exception leaves it; waking commits wake the
+        waiting dequeues only after that commit. Other threads wait for the
+        block from its first write on (it holds the connection); an inner
+        block joins the outer one.
         """
         if self._unit_owner == threading.get_ident():
             yield
             return
-        with self._own_transaction("BEGIN IMMEDIATE") as tx:
-            self._unit_tx, self._unit_owner = tx, threading.get_ident()
+        with ExitStack() as stack:
+            self._unit_owner, self._unit_stack = threading.get_ident(), stack
             try:
                 yield
             finally:
-                self._unit_tx, self._unit_owner = None, None
+                self._unit_tx, self._unit_owner, self._unit_stack = None, None, None
 
     @contextmanager
     def _joined(self, begin: str) -> Iterator[_Tx]:
         tx = self._unit_tx
-        assert tx is not None
+        if tx is None:
+            if begin != "BEGIN IMMEDIATE":
+                # Nothing written yet: a read of its own, as outside a block.
+                with self._own_transaction(begin) as own:
+                    yield own
+                return
+            stack = self._unit_stack
+            assert stack is not None
+            tx = self._unit_tx = stack.enter_context(self._own_transaction("BEGIN IMMEDIATE"))
         if begin != "BEGIN IMMEDIATE":
             yield tx
             return
