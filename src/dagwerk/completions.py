@@ -16,7 +16,8 @@ an exact repeat replays the first result and reconciles again (FN-06).
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import logging
+from collections.abc import Callable, Sequence
 from typing import cast
 
 from dagwerk._protocols import implements
@@ -43,6 +44,8 @@ from dagwerk.store import (
 
 __all__ = ["complete_attempts"]
 
+_LOG = logging.getLogger("dagwerk.completions")
+
 
 def complete_attempts(
     store: DagStore,
@@ -51,6 +54,7 @@ def complete_attempts(
     *,
     callbacks: OrchestratorCallbacks,
     limits: Limits | None = None,
+    then: Callable[[], object] | None = None,
 ) -> list[CompletionOutcome]:
     """Complete and acknowledge ``requests`` in one store call, then reconcile.
 
@@ -59,6 +63,11 @@ def complete_attempts(
     task here (its delivery is not acknowledged: the caller acks it); any
     other error outcome (e.g. a budget refusal) is left to the caller, and
     nothing of that request was written.
+
+    On a :class:`~dagwerk.store.UnitOfWorkStore`, ``then`` runs inside the
+    same unit of work after the reconcile (the worker claims its next batch
+    there, seeing the launches just made); an exception from it is logged
+    and undoes only its own writes. Elsewhere ``then`` is not called.
     """
     if not implements(store, BatchQueueStore):
         raise StoreContractError("complete_attempts needs a BatchQueueStore")
@@ -68,6 +77,11 @@ def complete_attempts(
     deferred = _DeferredCallbacks()
     with store.unit_of_work():
         outcomes = _complete(store, worker_id, items, deferred.callbacks, limits)
+        if then is not None:
+            try:
+                then()
+            except Exception:
+                _LOG.exception("the work after a batch of completions failed")
     deferred.fire(callbacks)
     return outcomes
 

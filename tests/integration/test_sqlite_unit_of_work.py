@@ -12,15 +12,18 @@ the run callbacks fire only once it has committed.
 from __future__ import annotations
 
 import threading
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from dagwerk import completions
 from dagwerk._protocols import implements
+from dagwerk.backends.errors import StoreUnavailableError
 from dagwerk.backends.memory.store import MemoryStore
 from dagwerk.backends.sqlite import SqliteStore
-from dagwerk.constants import RunStatus
+from dagwerk.constants import RunStatus, TaskStatus
 from dagwerk.engine import Engine
 from dagwerk.models import DagNode
 from dagwerk.orchestrator import OrchestratorCallbacks
@@ -203,3 +206,79 @@ def test_deferred_callbacks_each_fire_once_even_when_one_raises() -> None:
     with pytest.raises(RuntimeError, match="callback failed"):
         deferred.fire(OrchestratorCallbacks(fired.append, failing, fired.append, fired.append))
     assert fired == ["r1", "r2"]
+
+
+def _chain_engine(db: Path, steps: int = 3) -> tuple[Engine, str]:
+    engine = Engine(f"sqlite:///{db}")
+    for n in range(steps):  # chain() names each plugin after its node
+        engine.plugin(f"n{n}")(lambda inputs, ctx: [{"n": 1}])
+    return engine, engine.submit(chain(steps))
+
+
+def _statements(store: object, action: Callable[[], object]) -> list[str]:
+    assert isinstance(store, SqliteStore)
+    conn = store._sqlite._connection()
+    seen: list[str] = []
+    conn.set_trace_callback(seen.append)
+    try:
+        action()
+    finally:
+        conn.set_trace_callback(None)
+    return seen
+
+
+def test_the_completion_commit_claims_the_next_batch(db: Path) -> None:
+    engine, run_id = _chain_engine(db)
+    worker = engine.worker(concurrency=4)
+    worker.process_once()  # the root: claim, run, complete + launch n1 + claim it
+    (child,) = [t for t in engine.store.list_tasks(run_id) if t.node_index == 1]
+    assert child.status is TaskStatus.RUNNING  # claimed in the root's completion commit
+    assert engine.store.list_attempts(child.task_id)[-1].worker_id == worker.worker_id
+    # The next batch needs no claim of its own: one write transaction, the
+    # completion (which launches and claims n2).
+    statements = _statements(engine.store, worker.process_once)
+    assert statements.count("BEGIN IMMEDIATE") == 1
+    worker.run_until_idle()
+    assert engine.store.get_run_status(run_id) is RunStatus.COMPLETED
+
+
+def test_a_stopping_worker_gives_back_what_it_claimed_ahead(db: Path) -> None:
+    engine, run_id = _chain_engine(db)
+    worker = engine.worker(concurrency=4)
+    worker.process_once()
+    (child,) = [t for t in engine.store.list_tasks(run_id) if t.node_index == 1]
+    assert child.status is TaskStatus.RUNNING
+    worker.stop()
+    assert [r.action for r in worker.reports][-1] == "released"
+    # Released at once, not left to its 30 s lease: another worker recovers
+    # the claimed task under a new attempt and finishes the run.
+    other = engine.worker(concurrency=4)
+    other.run_until_idle()
+    assert engine.store.get_run_status(run_id) is RunStatus.COMPLETED
+
+
+def test_a_failed_claim_ahead_keeps_the_completions(
+    db: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    engine, run_id = _chain_engine(db)
+    worker = engine.worker(concurrency=4)
+    store = engine.store
+    real = store.claim_deliveries
+    calls: list[float] = []
+
+    def claim(*args: Any, **kwargs: Any) -> Any:
+        calls.append(kwargs["wait_seconds"])
+        if len(calls) == 2:  # the claim ahead, inside the root's completion unit
+            with store._sqlite.write() as tx:
+                tx.run("run_status", {"run_id": run_id})  # a joined write that then fails
+                raise StoreUnavailableError("claim failed")
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(store, "claim_deliveries", claim)
+    worker.process_once()
+    assert calls[1] == 0.0
+    statuses = {t.node_index: t.status for t in store.list_tasks(run_id)}
+    assert statuses == {0: TaskStatus.COMPLETED, 1: TaskStatus.QUEUED}
+    assert worker._claimed_ahead == []
+    worker.run_until_idle()
+    assert store.get_run_status(run_id) is RunStatus.COMPLETED

@@ -5,10 +5,19 @@ from __future__ import annotations
 
 import json
 
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from dagwerk.backends.sql._base import COMPACT_ASCII_JSON, COMPACT_JSON, TEXT_JSON, SqlStoreBase
+from dagwerk.backends.sql import _base
+from dagwerk.backends.sql._base import (
+    COMPACT_ASCII_JSON,
+    COMPACT_JSON,
+    TEXT_JSON,
+    SqlStoreBase,
+    loads_object,
+)
+from dagwerk.json import freeze_object
 
 _VALUES = st.recursive(
     st.none()
@@ -50,3 +59,30 @@ def test_non_finite_numbers_are_refused_as_before() -> None:
         except ValueError:
             continue
         raise AssertionError("a non-finite number was encoded")
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.dictionaries(st.text(), _VALUES, max_size=4))
+def test_stored_objects_parse_the_same_whether_remembered_or_not(value: dict[str, object]) -> None:
+    text = json.dumps(value)
+    expected = freeze_object(json.loads(text))
+    first = loads_object(text)
+    assert first == expected
+    assert loads_object(text) == expected
+
+
+def test_short_object_texts_are_shared_and_the_memory_is_bounded(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(_base, "_OBJECTS", {})
+    monkeypatch.setattr(_base, "_OBJECTS_MAX", 8)
+    assert loads_object('{"ok":1}') is loads_object('{"ok":1}')
+    long_text = json.dumps({"s": "x" * _base._OBJECT_TEXT_MAX})
+    assert loads_object(long_text) == {"s": "x" * _base._OBJECT_TEXT_MAX}
+    assert long_text not in _base._OBJECTS
+    for n in range(20):
+        assert loads_object(json.dumps({"n": n})) == {"n": n}
+        assert len(_base._OBJECTS) <= 8
+    with pytest.raises(ValueError):
+        loads_object("[1, 2]")  # not an object: refused, never remembered
+    assert "[1, 2]" not in _base._OBJECTS

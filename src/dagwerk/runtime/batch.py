@@ -13,6 +13,10 @@ Per batch, instead of about ten transactions per delivery:
 5. one ``complete_and_ack`` for every attempt that returned outputs, then one
    reconcile per run whose launch completed (:func:`complete_attempts`);
    failures, timeouts, waits and cancellations settle one by one as before.
+   Where that is one unit of work (SQLite), the unit also claims the next
+   batch (step 1 of the next round), so it sees the launches just made
+   without a transaction of its own; a stopping worker gives such claims
+   back (nack) as it does for the attempts it aborts.
 
 The lease taken by the claim already runs to the ownership bound
 (``lease_seconds + lease_grace``, WK-03); only a task whose timeout is
@@ -23,7 +27,7 @@ from __future__ import annotations
 
 import logging
 from collections import defaultdict
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, cast
 
 from dagwerk.budgets import BudgetExhaustedError
 from dagwerk.completions import complete_attempts
@@ -51,14 +55,9 @@ _LOG = logging.getLogger("dagwerk.runtime.worker")
 
 def process_batch(worker: Worker, store: BatchQueueStore, wait_seconds: float) -> int | None:
     """Claim and run one batch; the number of rows leased, or ``None`` when
-    nothing was leased (the caller then sweeps)."""
-    claims = store.claim_deliveries(
-        worker.worker_id,
-        limit=worker.concurrency,
-        lease_seconds=worker.lease_bound(None),
-        queues=worker.queues,
-        wait_seconds=wait_seconds,
-    )
+    nothing was leased (the caller then sweeps). The batch is the one the
+    previous batch's completions claimed ahead, if any."""
+    claims = worker._take_claimed_ahead() or _claim(worker, store, wait_seconds)
     worker._settle_dead_lettered()
     if not claims:
         return None
@@ -70,6 +69,16 @@ def process_batch(worker: Worker, store: BatchQueueStore, wait_seconds: float) -
     if claimed:
         _run_claimed(worker, claimed)
     return len(claims)
+
+
+def _claim(worker: Worker, store: BatchQueueStore, wait_seconds: float) -> list[ClaimedDelivery]:
+    return store.claim_deliveries(
+        worker.worker_id,
+        limit=worker.concurrency,
+        lease_seconds=worker.lease_bound(None),
+        queues=worker.queues,
+        wait_seconds=wait_seconds,
+    )
 
 
 def _run_claimed(worker: Worker, claimed: list[ClaimedDelivery]) -> None:
@@ -215,9 +224,18 @@ def _complete_all(
                 attempt.delivery.delivery_id,
             )
         )
+    # Where the completions commit in one unit of work, the next batch is
+    # claimed in it too: it sees the launches just made, and the worker saves
+    # a transaction per batch. The claims count only once the unit commits.
+    ahead: list[ClaimedDelivery] = []
+
+    def claim_ahead() -> None:
+        if not worker._stopped:
+            ahead.extend(_claim(worker, cast(BatchQueueStore, worker.store), 0.0))
+
     try:
         results = complete_attempts(
-            worker.store, worker.worker_id, requests, callbacks=worker.callbacks
+            worker.store, worker.worker_id, requests, callbacks=worker.callbacks, then=claim_ahead
         )
     except Exception:
         # Nothing of the batch committed (or it did and the reconcile failed,
@@ -228,6 +246,7 @@ def _complete_all(
             assert isinstance(outcome, ExecutionOutcome)
             worker._handle_settle(attempt, outcome)
         return
+    worker._claimed_ahead.extend(ahead)
     for attempt, result in zip(done, results, strict=True):
         delivery = attempt.delivery
         if isinstance(result, TaskCompletionResult):

@@ -80,6 +80,7 @@ from dagwerk.runtime.sweep import StaleSweeper, SweepReport
 from dagwerk.store import (
     BackstopStore,
     BatchQueueStore,
+    ClaimedDelivery,
     DagBudgetStore,
     DagChildStore,
     DagQueueStore,
@@ -251,6 +252,8 @@ class Worker:
         # every delivery it ever handled.
         self.reports: deque[DeliveryReport] = deque(maxlen=REPORTS_KEPT)
         self._stopped = False
+        # Deliveries the last batch's completions claimed for the next batch.
+        self._claimed_ahead: list[ClaimedDelivery] = []
         self.actor = AdvancementActor(
             self._step,
             self._read_status,
@@ -278,8 +281,26 @@ class Worker:
         for entry in running:
             entry.signal.fire("worker stopping")
         self.actor.stop(timeout)
+        self._release_claimed_ahead()
         self.monitor.stop()
         self._pool.shutdown(wait=True)
+
+    def _take_claimed_ahead(self) -> list[ClaimedDelivery]:
+        taken, self._claimed_ahead = self._claimed_ahead, []
+        return taken
+
+    def _release_claimed_ahead(self) -> None:
+        """Give back what was claimed for a batch that will not run: as for an
+        attempt the stop aborted, the delivery goes back and its redelivery
+        recovers the task under a new attempt."""
+        for claim in self._take_claimed_ahead():
+            delivery = claim.delivery
+            try:
+                self.queue.nack(delivery.delivery_id, self.worker_id)
+            except Exception:
+                _LOG.exception("releasing delivery %s failed", delivery.delivery_id)
+                continue
+            self._report(delivery, "released", "worker stopping")
 
     def wait_for_run(self, run_id: str, timeout: float | None = None) -> RunStatus:
         """Block until the run is terminal (see :meth:`AdvancementActor.wait_for_run`)."""
@@ -315,6 +336,7 @@ class Worker:
         settles dead-lettered tasks and runs the throttled idle sweep, and
         returns the number of tasks the sweep requeued."""
         if self._stopped:
+            self._release_claimed_ahead()
             return 0  # admission is closed: nothing more is leased
         if self._batch_store is not None:
             leased = process_batch(self, self._batch_store, wait_seconds)
