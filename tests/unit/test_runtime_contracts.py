@@ -778,3 +778,40 @@ def test_wait_through_the_worker_acks_and_resume_runs_a_new_attempt(tmp_path: Pa
     attempts = store.list_attempts(task.task_id)
     assert [a.resumed_from_wait_id for a in attempts] == [None, "approval-1"]
     assert attempts[-1].status is TaskStatus.COMPLETED
+
+
+def test_wk_03_the_monitor_extends_a_lease_only_once_a_tenth_of_it_has_passed(
+    tmp_path: Path,
+) -> None:
+    clock = FakeClock()
+    store = MemoryStore(clock=clock.time)
+    extensions: list[float] = []
+    real_extend = store.extend_lease
+
+    def spy_extend(delivery_id: str, worker_id: str, lease_seconds: float) -> bool:
+        extensions.append(clock.monotonic())
+        return real_extend(delivery_id, worker_id, lease_seconds)
+
+    store.extend_lease = spy_extend  # type: ignore[method-assign]
+    _start(store, "run", [DagNode(slug="a", plugin="p")])
+    worker = _worker(
+        store, {"p": lambda inputs, ctx: None}, clock, tmp_path, lease_seconds=10, lease_grace=5
+    )
+    (claimed,) = store.claim_deliveries(
+        worker.worker_id, limit=1, lease_seconds=worker.lease_bound(None)
+    )
+    attempt = worker._prepare(claimed.delivery, claimed.task, leased_bound=worker.lease_bound(None))
+    assert attempt is not None and extensions == []  # the claim's lease covers the bound
+    # Passes within a tenth of the lease write nothing: the lease was just taken.
+    worker.monitor._check([attempt])
+    clock.advance(0.9)
+    worker.monitor._check([attempt])
+    assert extensions == []
+    clock.advance(0.1)
+    worker.monitor._check([attempt])  # a tenth has passed: extended once ...
+    worker.monitor._check([attempt])  # ... and not again at once
+    assert extensions == [clock.monotonic()]
+    clock.advance(1.0)
+    worker.monitor._check([attempt])
+    assert len(extensions) == 2
+    worker.stop()

@@ -135,3 +135,42 @@ def test_a_row_of_another_shape_is_fully_validated_and_refused(
     edit(raw)
     with pytest.raises(ValidationError):
         _plans._trusted(json.dumps(raw))
+
+
+def test_a_written_plan_is_remembered_as_the_parse_of_its_text(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(_plans, "_CACHE", type(_plans._CACHE)())
+    monkeypatch.setattr(_plans, "_MAX_ENTRIES", 2)
+    plan = TaskInputPlan(generation=3, parameters={"p": "x"})
+    text = plan.model_dump_json()
+    _plans.remember_plan(text, plan)
+    assert _plans.parse_plan(text) is plan
+    assert plan == TaskInputPlan.model_validate_json(text)
+    # Bounded like the parse cache; an oversized text is not held.
+    for n in range(3):
+        other = TaskInputPlan(generation=n)
+        _plans.remember_plan(other.model_dump_json(), other)
+    assert len(_plans._CACHE) == 2 and text not in _plans._CACHE
+    big = TaskInputPlan(generation=1, parameters={"p": "x" * _plans._MAX_TEXT})
+    _plans.remember_plan(big.model_dump_json(), big)
+    assert big.model_dump_json() not in _plans._CACHE
+
+
+def test_a_launch_remembers_its_plans_for_the_claims(
+    tmp_path: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from dagwerk.backends.sqlite import SqliteStore
+    from dagwerk.testing.helpers import chain, new_run
+
+    monkeypatch.setattr(_plans, "_CACHE", type(_plans._CACHE)())
+    parsed: list[str] = []
+    real = _plans._trusted
+    monkeypatch.setattr(_plans, "_trusted", lambda text: parsed.append(text) or real(text))
+    with SqliteStore(str(tmp_path / "db.sqlite")) as store:
+        new_run(store, chain(1))
+        (stored,) = store._sqlite._connection().execute("SELECT plan FROM dagwerk_tasks")
+        assert stored[0] in _plans._CACHE
+        (task,) = store.list_tasks("run-1")  # read back without parsing the text
+        assert task.plan is _plans._CACHE[stored[0]]
+        assert parsed == []

@@ -3,8 +3,9 @@
 Every ``cancel_check_interval`` it reads the durable status of each run that
 has a running attempt (once per run), fires the abort signal of every
 attempt of a run that is no longer RUNNING, and extends the lease of every
-other attempt to its ownership bound: what a watcher thread per attempt did,
-without a thread start and join per attempt.
+other attempt to its ownership bound once a tenth of the lease has passed
+since it was granted or last extended: what a watcher thread per attempt
+did, without a thread start and join per attempt.
 """
 
 from __future__ import annotations
@@ -73,6 +74,7 @@ class AttemptMonitor:
     def _check(self, attempts: list[Attempt]) -> None:
         worker = self._worker
         statuses: dict[str, RunStatus | None] = {}
+        now = worker.clock.monotonic()
         for attempt in attempts:
             delivery, entry = attempt.delivery, attempt.entry
             if entry.finished:
@@ -84,4 +86,10 @@ class AttemptMonitor:
             if status is not RunStatus.RUNNING:
                 entry.signal.fire(f"run is {status}")
                 continue
+            if now - entry.last_beat < worker.lease_seconds / 10:
+                # Granted or extended within the last tenth of the lease (as
+                # heartbeats are folded): a write per attempt per pass would
+                # only compete with the batches for the write lock.
+                continue
+            entry.last_beat = now
             worker.queue.extend_lease(delivery.delivery_id, worker.worker_id, attempt.bound)

@@ -504,9 +504,13 @@ class Worker:
         bound = self.lease_bound(timeout)
         if leased_bound is None or bound > leased_bound:
             self.queue.extend_lease(delivery.delivery_id, self.worker_id, bound)
-        return Attempt(
+        attempt = Attempt(
             delivery, task, node, spec, inputs, self.retry_policy(node, spec), timeout, bound
         )
+        # The lease runs its whole bound from about now (the claim's, or the
+        # extension just made): the monitor and heartbeats fold what follows.
+        attempt.entry.last_beat = self.clock.monotonic()
+        return attempt
 
     def _register(self, attempt: Attempt) -> None:
         with self._running_lock:

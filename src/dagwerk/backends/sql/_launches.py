@@ -19,6 +19,7 @@ from dagwerk.models import (
 from dagwerk.store import InvalidStoreValueError
 
 from ._base import SqlStoreBase, loads_object
+from ._plans import remember_plan
 from .gateway import Row, Tx
 
 _STALE = LaunchCreateResult(status=LaunchCreateStatus.STALE)
@@ -244,6 +245,9 @@ class LaunchesMixin(SqlStoreBase):
             if rows:
                 now = self._now()
                 tx.many("task_insert", rows)
+                for row, plan in zip(rows, plans, strict=True):
+                    if type(plan) is TaskInputPlan:
+                        remember_plan(str(row["plan"]), plan)
                 queue, priority = self._route(tx, run_id, node_index)
                 tx.many(
                     "delivery_insert",

@@ -33,7 +33,7 @@ from dagwerk.constants import InputRole
 from dagwerk.json import freeze_object
 from dagwerk.models import PlannedEdgeInput, TaskInputPlan
 
-__all__ = ["parse_plan"]
+__all__ = ["parse_plan", "remember_plan"]
 
 _MAX_ENTRIES = 2048
 _MAX_TEXT = 4096
@@ -57,6 +57,19 @@ def parse_plan(text: str) -> TaskInputPlan:
         while len(_CACHE) > _MAX_ENTRIES:
             _CACHE.popitem(last=False)
     return plan
+
+
+def remember_plan(text: str, plan: TaskInputPlan) -> None:
+    """Hold ``plan`` as the parse of ``text``, its ``model_dump_json()``: the
+    store writes validated plans, and a worker that launched a task often
+    claims it next, so the claim need not parse what was just written."""
+    if len(text) > _MAX_TEXT:
+        return
+    with _LOCK:
+        _CACHE[text] = plan
+        _CACHE.move_to_end(text)
+        while len(_CACHE) > _MAX_ENTRIES:
+            _CACHE.popitem(last=False)
 
 
 _PLAN_KEYS = frozenset(
