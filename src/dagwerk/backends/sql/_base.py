@@ -18,6 +18,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from dagwerk._fifo import FifoCache
 from dagwerk.constants import FailurePolicy, RunStatus, TaskStatus
 from dagwerk.json import FrozenDict, JsonValue, freeze_json, freeze_object, thaw_json
 from dagwerk.limits import DEFAULT_LIMITS, Limits
@@ -103,12 +104,12 @@ class SqlStoreBase:
         self._clock = clock
         self._gw = gateway
         # Stored node definitions never change, so parsed copies are cached
-        # per run for the store's lifetime (runs are never deleted).
-        self._nodes_cache: dict[str, tuple[DagNode, ...]] = {}
+        # per run (runs are never deleted), for the most recent runs only.
+        self._nodes_cache: FifoCache[str, tuple[DagNode, ...]] = FifoCache()
         # The run's queue and priority, written once by create_run.
-        self._run_routes: dict[str, tuple[str, int]] = {}
-        self._topologies: dict[str, RunTopology] = {}
-        self._policies: dict[str, FailurePolicy] = {}
+        self._run_routes: FifoCache[str, tuple[str, int]] = FifoCache()
+        self._topologies: FifoCache[str, RunTopology] = FifoCache()
+        self._policies: FifoCache[str, FailurePolicy] = FifoCache()
         # Tasks this process's dequeues crashed by dead-lettering (drained by
         # take_dead_lettered); appended only after the commit.
         self._dead_lettered: list[TaskAttemptRef] = []
