@@ -9,6 +9,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from dagwerk._fifo import FifoCache
 from dagwerk.backends.sql import _base
 from dagwerk.backends.sql._base import (
     COMPACT_ASCII_JSON,
@@ -74,8 +75,7 @@ def test_stored_objects_parse_the_same_whether_remembered_or_not(value: dict[str
 def test_short_object_texts_are_shared_and_the_memory_is_bounded(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    monkeypatch.setattr(_base, "_OBJECTS", {})
-    monkeypatch.setattr(_base, "_OBJECTS_MAX", 8)
+    monkeypatch.setattr(_base, "_OBJECTS", FifoCache(8))
     assert loads_object('{"ok":1}') is loads_object('{"ok":1}')
     long_text = json.dumps({"s": "x" * _base._OBJECT_TEXT_MAX})
     assert loads_object(long_text) == {"s": "x" * _base._OBJECT_TEXT_MAX}

@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import logging
 from collections import defaultdict
-from typing import TYPE_CHECKING, cast
+from typing import TYPE_CHECKING
 
 from dagwerk.budgets import BudgetExhaustedError
 from dagwerk.completions import complete_attempts
@@ -230,8 +230,9 @@ def _complete_all(
     ahead: list[ClaimedDelivery] = []
 
     def claim_ahead() -> None:
-        if not worker._stopped:
-            ahead.extend(_claim(worker, cast(BatchQueueStore, worker.store), 0.0))
+        store = worker._batch_store
+        if store is not None and not worker._stopped:
+            ahead.extend(_claim(worker, store, 0.0))
 
     try:
         results = complete_attempts(

@@ -47,16 +47,15 @@ def dumps(value: object) -> str:
     return COMPACT_JSON.encode(thaw_json(value))
 
 
-_OBJECTS: dict[str, FrozenDict] = {}
 _OBJECT_TEXT_MAX = 512
-_OBJECTS_MAX = 4096
+_OBJECTS: FifoCache[str, FrozenDict] = FifoCache(4096)
 
 
 def loads_object(text: str) -> FrozenDict:
     """``freeze_object(json.loads(text))`` of a stored object.
 
-    Short texts are remembered (at most ``_OBJECTS_MAX`` of at most
-    ``_OBJECT_TEXT_MAX`` characters; the memory starts over when full):
+    Short texts are remembered (the latest 4,096 of at most
+    ``_OBJECT_TEXT_MAX`` characters):
     output fields repeat a lot (the tasks of a node often emit the same
     fields, and a join reads every one of them), and a frozen object can be
     shared by every reader.
@@ -65,10 +64,7 @@ def loads_object(text: str) -> FrozenDict:
         return freeze_object(json.loads(text))
     found = _OBJECTS.get(text)
     if found is None:
-        found = freeze_object(json.loads(text))
-        if len(_OBJECTS) >= _OBJECTS_MAX:
-            _OBJECTS.clear()
-        _OBJECTS[text] = found
+        found = _OBJECTS[text] = freeze_object(json.loads(text))
     return found
 
 
