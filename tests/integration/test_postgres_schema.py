@@ -71,12 +71,15 @@ def test_lock_preludes_only_lock() -> None:
     for name, prelude in preludes:
         text = prelude.decode().upper()
         assert text.lstrip("- \n").count("SELECT") >= 1, name
-        assert "FOR UPDATE" in text or "FOR NO KEY UPDATE" in text or "ADVISORY" in text, name
+        modes = ("FOR UPDATE", "FOR NO KEY UPDATE", "FOR KEY SHARE", "ADVISORY")
+        assert any(mode in text for mode in modes), name
         for verb in ("INSERT ", "UPDATE dagwerk", "DELETE "):
             assert verb.upper() not in text, (name, verb)
-    # The statements that open a run-level transition lock the run row.
+    # The statements that open a run-level transition lock the lineage's root
+    # run row, then the run's own (in its mode: test_postgres_lock_modes.py).
     for name in ("run_get", "run_status", "task_get_owned", "wait_get", "recovery_get"):
         assert b"FOR NO KEY UPDATE" in QUERIES[name].preludes[0], name
+        assert b"FOR UPDATE" in QUERIES[name].preludes[1], name
     assert b"SKIP LOCKED" in QUERIES["queue_candidates"].main
 
 

@@ -28,6 +28,26 @@ class Statement:
     main: bytes
     json_params: frozenset[str]
     """Parameters cast to ``jsonb`` (JSON lists the statement expands)."""
+    run_lock: int = 0
+    """The strongest mode in which the block locks a run row (``RUN_LOCK_MODES``;
+    0: it locks none)."""
+
+
+RUN_LOCK_MODES = {"KEY SHARE": 1, "NO KEY UPDATE": 2, "UPDATE": 3}
+"""The run-row lock modes of ``queries.sql`` (claim, completion, exclusive),
+weakest first."""
+
+# A statement that locks run rows themselves (not a join that locks others').
+_RUN_LOCK = re.compile(
+    r"^SELECT [\w, ]+ FROM dagwerk_runs\b(?:(?!JOIN).)*\bFOR (KEY SHARE|NO KEY UPDATE|UPDATE)$",
+    re.DOTALL,
+)
+
+
+def run_lock_mode(statements: list[str]) -> int:
+    """The strongest run-row lock mode among ``statements`` (0: none)."""
+    found = (_RUN_LOCK.match(part) for part in statements)
+    return max((RUN_LOCK_MODES[match.group(1)] for match in found if match), default=0)
 
 
 def _psycopg_style(sql: str) -> bytes:
@@ -53,6 +73,7 @@ def parse_block(name: str, sql: str) -> Statement:
         tuple(_psycopg_style(p) for p in preludes),
         _psycopg_style(main),
         frozenset(_JSON_PARAM.findall(code)),
+        run_lock_mode(parts),
     )
 
 

@@ -92,6 +92,7 @@ class _Tx:
         "_gateway",
         "_journal",
         "_pipeline",
+        "_run_lock",
         "_sent",
         "_settling",
         "_write",
@@ -108,6 +109,8 @@ class _Tx:
         self._sent = False
         self._begun = False
         self._deferred: list[str] = []
+        # The run-row lock mode the transaction's first locking block took.
+        self._run_lock = 0
         self._pipeline: psycopg.Pipeline | None = None
         # The COMMIT of the read that parked this connection; the first
         # flight collects its acknowledgement.
@@ -157,9 +160,23 @@ class _Tx:
         check_params(name, values, statement.json_params)
         conn = self._send_begin()
         if self._write:
+            if statement.run_lock:
+                self._check_run_lock(name, statement.run_lock)
             for prelude in statement.preludes:
                 conn.execute(prelude, values)
         return conn.execute(statement.main, values)
+
+    def _check_run_lock(self, name: str, mode: int) -> None:
+        """A transaction keeps the run-lock mode of its first locking block:
+        a stronger one later would wait for the run's sharers (claims,
+        completions), which may be waiting for this transaction's rows."""
+        if not self._run_lock:
+            self._run_lock = mode
+        elif mode > self._run_lock:
+            raise AssertionError(
+                f"query {name!r} would upgrade the transaction's run lock "
+                f"(mode {self._run_lock} to {mode}; see queries.sql, Locking)"
+            )
 
     def _sync(self) -> None:
         """Wait for every result sent so far: one round trip."""

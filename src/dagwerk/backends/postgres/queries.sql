@@ -10,12 +10,26 @@
 -- the commits that came before it. The run row is the serialisation boundary
 -- of everything that belongs to a run: a block that opens a write transition
 -- starts with a *lock prelude*, one or more statements before the block's
--- last that lock the run row (FOR NO KEY UPDATE: it serialises writers of the
--- run but, unlike FOR UPDATE, does not block the foreign-key checks of rows
--- that reference the run). The gateway runs preludes in write transactions
--- only; read transactions are REPEATABLE READ snapshots and take no locks.
--- The queue takes row locks instead: dequeue skips rows other workers hold
--- (FOR UPDATE SKIP LOCKED), so workers never wait on each other there.
+-- last that lock the run row, in one of three modes:
+-- * claim (FOR KEY SHARE; tasks_claimable_many): a batch claim moves QUEUED
+--   tasks to RUNNING. Claims share the run with each other and with
+--   completions; they lock the task rows they read (in task order), so two
+--   claims of one task serialise there;
+-- * completion (FOR NO KEY UPDATE; tasks_get_owned_many, task_get_completing):
+--   accepting results writes outputs, counters and the completed tasks' own
+--   rows, nothing a claim reads; completions serialise with each other;
+-- * exclusive (FOR UPDATE; every other prelude): anything else, including all
+--   that changes what a claim depends on (the run's status, a node's
+--   generation, a launch's activity, a QUEUED task's attempt), waits for and
+--   shuts out claims and completions.
+-- A transaction never takes a stronger mode after a weaker one (the gateway
+-- checks): an upgrade waits for the sharers, which could wait for it.
+-- Unlike FOR UPDATE, the two weaker modes do not block the foreign-key checks
+-- of rows that reference the run. The gateway runs preludes in write
+-- transactions only; read transactions are REPEATABLE READ snapshots and take
+-- no locks. The queue takes row locks instead: dequeue skips rows other
+-- workers hold (FOR UPDATE SKIP LOCKED), so workers never wait on each other
+-- there.
 --
 -- Lineages. A child run's transactions reach its parent (a finished child
 -- resumes the waiting parent task) and a parent's reach its children (a
@@ -39,14 +53,18 @@ INSERT INTO dagwerk_nodes (run_id, node_index) VALUES (:run_id, :node_index);
 SELECT 1 FROM dagwerk_runs WHERE run_id = (
     SELECT root_run_id FROM dagwerk_run_links WHERE run_id = :run_id
 ) FOR NO KEY UPDATE;
-SELECT 1 FROM dagwerk_runs WHERE run_id = :run_id FOR NO KEY UPDATE;
+SELECT 1 FROM dagwerk_runs WHERE run_id = :run_id FOR UPDATE;
 SELECT status FROM dagwerk_runs WHERE run_id = :run_id;
 
 -- name: run_get
 SELECT 1 FROM dagwerk_runs WHERE run_id = (
     SELECT root_run_id FROM dagwerk_run_links WHERE run_id = :run_id
 ) FOR NO KEY UPDATE;
-SELECT 1 FROM dagwerk_runs WHERE run_id = :run_id FOR NO KEY UPDATE;
+SELECT 1 FROM dagwerk_runs WHERE run_id = :run_id FOR UPDATE;
+SELECT * FROM dagwerk_runs WHERE run_id = :run_id;
+
+-- name: run_get_locked
+-- run_get without a lock prelude, for a transaction that holds the run's lock.
 SELECT * FROM dagwerk_runs WHERE run_id = :run_id;
 
 -- name: run_record
@@ -163,7 +181,7 @@ WHERE run_id = :run_id
 SELECT 1 FROM dagwerk_runs WHERE run_id = (
     SELECT root_run_id FROM dagwerk_run_links WHERE run_id = :run_id
 ) FOR NO KEY UPDATE;
-SELECT 1 FROM dagwerk_runs WHERE run_id = :run_id FOR NO KEY UPDATE;
+SELECT 1 FROM dagwerk_runs WHERE run_id = :run_id FOR UPDATE;
 SELECT run_id, status, epoch, node_count, run_input FROM dagwerk_runs WHERE run_id = :run_id;
 
 -- name: run_frontier
@@ -204,6 +222,22 @@ SELECT 1 FROM dagwerk_runs WHERE run_id = (
     SELECT root_run_id FROM dagwerk_run_links WHERE run_id = (SELECT run_id FROM dagwerk_tasks WHERE task_id = :task_id)
 ) FOR NO KEY UPDATE;
 SELECT 1 FROM dagwerk_runs
+WHERE run_id = (SELECT run_id FROM dagwerk_tasks WHERE task_id = :task_id) FOR UPDATE;
+SELECT t.*, r.status AS run_status,
+       (t.invalidated = 0 AND n.generation = t.generation AND l.launch_id IS NOT NULL) AS owned
+FROM dagwerk_tasks t
+JOIN dagwerk_runs r ON r.run_id = t.run_id
+JOIN dagwerk_nodes n ON n.run_id = t.run_id AND n.node_index = t.node_index
+LEFT JOIN dagwerk_launches l
+       ON l.launch_id = t.launch_id AND l.active = 1 AND l.generation = t.generation
+WHERE t.task_id = :task_id;
+
+-- name: task_get_completing
+-- task_get_owned in completion mode (see Locking above).
+SELECT 1 FROM dagwerk_runs WHERE run_id = (
+    SELECT root_run_id FROM dagwerk_run_links WHERE run_id = (SELECT run_id FROM dagwerk_tasks WHERE task_id = :task_id)
+) FOR NO KEY UPDATE;
+SELECT 1 FROM dagwerk_runs
 WHERE run_id = (SELECT run_id FROM dagwerk_tasks WHERE task_id = :task_id) FOR NO KEY UPDATE;
 SELECT t.*, r.status AS run_status,
        (t.invalidated = 0 AND n.generation = t.generation AND l.launch_id IS NOT NULL) AS owned
@@ -229,6 +263,27 @@ LEFT JOIN dagwerk_launches l
        ON l.launch_id = t.launch_id AND l.active = 1 AND l.generation = t.generation
 WHERE t.task_id = ANY (ARRAY(SELECT jsonb_array_elements_text(CAST(:ids AS jsonb))))
   AND CAST(:first AS text) IS NOT NULL;
+
+-- name: tasks_claimable_many
+-- tasks_get_owned_many in claim mode (see Locking above): the run rows are
+-- shared, the tasks' rows locked, in task order (two claims of one task wait
+-- for each other, and the later sees the earlier's claim).
+SELECT 1 FROM dagwerk_runs WHERE run_id = (
+    SELECT root_run_id FROM dagwerk_run_links WHERE run_id = (SELECT run_id FROM dagwerk_tasks WHERE task_id = :first)
+) FOR KEY SHARE;
+SELECT 1 FROM dagwerk_runs
+WHERE run_id = (SELECT run_id FROM dagwerk_tasks WHERE task_id = :first) FOR KEY SHARE;
+SELECT t.*, r.status AS run_status,
+       (t.invalidated = 0 AND n.generation = t.generation AND l.launch_id IS NOT NULL) AS owned
+FROM dagwerk_tasks t
+JOIN dagwerk_runs r ON r.run_id = t.run_id
+JOIN dagwerk_nodes n ON n.run_id = t.run_id AND n.node_index = t.node_index
+LEFT JOIN dagwerk_launches l
+       ON l.launch_id = t.launch_id AND l.active = 1 AND l.generation = t.generation
+WHERE t.task_id = ANY (ARRAY(SELECT jsonb_array_elements_text(CAST(:ids AS jsonb))))
+  AND CAST(:first AS text) IS NOT NULL
+ORDER BY t.task_id
+FOR NO KEY UPDATE OF t;
 
 -- name: launch_count_completions
 UPDATE dagwerk_launches SET completed = completed + :n WHERE launch_id = :launch_id;
@@ -379,7 +434,7 @@ SELECT 1 FROM dagwerk_runs WHERE run_id = (
     SELECT root_run_id FROM dagwerk_run_links WHERE run_id = (SELECT run_id FROM dagwerk_tasks WHERE task_id = :task_id)
 ) FOR NO KEY UPDATE;
 SELECT 1 FROM dagwerk_runs
-WHERE run_id = (SELECT run_id FROM dagwerk_tasks WHERE task_id = :task_id) FOR NO KEY UPDATE;
+WHERE run_id = (SELECT run_id FROM dagwerk_tasks WHERE task_id = :task_id) FOR UPDATE;
 SELECT w.*, t.run_id, t.node_index FROM dagwerk_waits w
 JOIN dagwerk_tasks t ON t.task_id = w.task_id
 WHERE w.task_id = :task_id AND w.wait_id = :wait_id;
@@ -401,7 +456,7 @@ SELECT 1 FROM dagwerk_runs WHERE run_id = (
     SELECT root_run_id FROM dagwerk_run_links WHERE run_id = (SELECT run_id FROM dagwerk_tasks WHERE task_id = :task_id)
 ) FOR NO KEY UPDATE;
 SELECT 1 FROM dagwerk_runs
-WHERE run_id = (SELECT run_id FROM dagwerk_tasks WHERE task_id = :task_id) FOR NO KEY UPDATE;
+WHERE run_id = (SELECT run_id FROM dagwerk_tasks WHERE task_id = :task_id) FOR UPDATE;
 SELECT r.*, t.run_id, t.node_index FROM dagwerk_recoveries r
 JOIN dagwerk_tasks t ON t.task_id = r.task_id
 WHERE r.task_id = :task_id AND r.abandoned_attempt_id = :abandoned
@@ -474,7 +529,7 @@ SELECT 1 FROM dagwerk_runs WHERE run_id = (
 ) FOR NO KEY UPDATE;
 SELECT 1 FROM dagwerk_runs
 WHERE run_id = (SELECT run_id FROM dagwerk_dead_letters WHERE dead_letter_id = :dead_letter_id)
-FOR NO KEY UPDATE;
+FOR UPDATE;
 SELECT * FROM dagwerk_dead_letters WHERE dead_letter_id = :dead_letter_id;
 
 -- name: dead_letters_list
@@ -514,7 +569,7 @@ WHERE dagwerk_leases.holder = excluded.holder OR dagwerk_leases.expires_at <= :n
 SELECT 1 FROM dagwerk_runs WHERE run_id = (
     SELECT root_run_id FROM dagwerk_run_links WHERE run_id = :run_id
 ) FOR NO KEY UPDATE;
-SELECT status FROM dagwerk_runs WHERE run_id = :run_id FOR NO KEY UPDATE;
+SELECT status FROM dagwerk_runs WHERE run_id = :run_id FOR UPDATE;
 
 -- name: gated_lease_release
 DELETE FROM dagwerk_leases WHERE name = :name AND holder = :holder;

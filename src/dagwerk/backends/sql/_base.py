@@ -106,6 +106,8 @@ class SqlStoreBase:
         self._run_routes: FifoCache[str, tuple[str, int]] = FifoCache()
         self._topologies: FifoCache[str, RunTopology] = FifoCache()
         self._policies: FifoCache[str, FailurePolicy] = FifoCache()
+        # Started runs without budget accounts (they never get any later).
+        self._unbudgeted: FifoCache[str, bool] = FifoCache()
         # Tasks this process's dequeues crashed by dead-lettering (drained by
         # take_dead_lettered); appended only after the commit.
         self._dead_lettered: list[TaskAttemptRef] = []
@@ -150,11 +152,15 @@ class SqlStoreBase:
     # -- lookups ------------------------------------------------------------------
 
     @staticmethod
-    def _task(tx: Tx, task_id: str) -> Row | None:
+    def _task(tx: Tx, task_id: str, *, completing: bool = False) -> Row | None:
         """The task with its run status and ``owned``: whether it belongs to its
-        node's active launch and generation (FN-11)."""
+        node's active launch and generation (FN-11). ``completing``: the read
+        of a completion, which locks the run in completion mode on PostgreSQL
+        (``queries.sql``, Locking); every other transition locks it exclusively."""
         if not isinstance(task_id, str):
             return None
+        if completing:
+            return tx.one("task_get_completing", {"task_id": task_id})
         return tx.one("task_get_owned", {"task_id": task_id})
 
     def _current(
@@ -320,7 +326,7 @@ class SqlStoreBase:
         """Called inside a run's terminal transition, after its own writes."""
         return None
 
-    def _charges_completions(self, tx: Tx, run_id: str) -> bool:
+    def _charges_completions(self, tx: Tx, run_id: str, run_status: str) -> bool:
         """Whether :meth:`_charge_completion` may act for the run's tasks."""
         return False
 

@@ -99,7 +99,7 @@ class BatchMixin(TasksMixin, QueueMixin):
         ids = list(dict.fromkeys(d.task_id for d in leased))
         rows = {
             row["task_id"]: row
-            for row in tx.all("tasks_get_owned_many", {"ids": json.dumps(ids), "first": ids[0]})
+            for row in tx.all("tasks_claimable_many", {"ids": json.dumps(ids), "first": ids[0]})
         }
         records: list[Row | None] = []
         updates: list[dict[str, object]] = []
@@ -195,10 +195,11 @@ class BatchMixin(TasksMixin, QueueMixin):
             row["task_id"]: row
             for row in tx.all("tasks_get_owned_many", {"ids": json.dumps(ids), "first": ids[0]})
         }
+        statuses = {row["run_id"]: row["run_status"] for row in rows.values()}
         budgeted = {
             run_id
-            for run_id in {row["run_id"] for row in rows.values()}
-            if self._charges_completions(tx, run_id)
+            for run_id, status in statuses.items()
+            if self._charges_completions(tx, run_id, status)
         }
         reserved = self._reserved_outputs(tx, items, rows, budgeted)
         batch = _CompletionBatch()

@@ -163,11 +163,23 @@ class BudgetsMixin(SqlStoreBase):
 
     # -- completion hook ---------------------------------------------------------
 
-    def _charges_completions(self, tx: Tx, run_id: str) -> bool:
-        return bool(self._accounts(tx, run_id))
+    def _charges_completions(self, tx: Tx, run_id: str, run_status: str) -> bool:
+        return bool(self._completion_accounts(tx, run_id, run_status))
+
+    def _completion_accounts(self, tx: Tx, run_id: str, run_status: str) -> list[AccountUsage]:
+        """The run's accounts for a completion. A run gets its accounts while
+        PENDING (or with its creation, a child) and never returns to PENDING,
+        so a started run found without any is remembered (a completion of
+        an unbudgeted run then reads no accounts)."""
+        if run_id in self._unbudgeted:
+            return []
+        accounts = self._accounts(tx, run_id)
+        if not accounts and run_status != RunStatus.PENDING.value:
+            self._unbudgeted[run_id] = True
+        return accounts
 
     def _charge_completion(self, tx: Tx, task: Row, outputs: tuple[EmittedOutput, ...]) -> None:
-        accounts = self._accounts(tx, task["run_id"])
+        accounts = self._completion_accounts(tx, task["run_id"], task["run_status"])
         if not accounts:
             return
         size = output_bytes(outputs)

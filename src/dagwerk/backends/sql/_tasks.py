@@ -243,7 +243,7 @@ class TasksMixin(SqlStoreBase):
     ) -> TaskCompletionResult | None:
         """``try_complete_task`` in the caller's transaction. A refusal raises
         before this completion wrote anything."""
-        task = self._task(tx, task_id)
+        task = self._task(tx, task_id, completing=True)
         if task is None:
             return None
         if task["completed_attempt_id"] is not None:
@@ -311,10 +311,11 @@ class TasksMixin(SqlStoreBase):
             raise OutputPublicationError(
                 f"output IDs already exist in this run: {taken[:5]!r}", field="outputs"
             )
-        # The task's read locked the run already; the topology is cached.
+        # The task's read locked the run already (no prelude here: a
+        # completion must not ask for a stronger lock); the topology is cached.
         topology = self._topologies.get(run_id)
         if topology is None:
-            run = tx.one("run_get", {"run_id": run_id})
+            run = tx.one("run_get_locked", {"run_id": run_id})
             assert run is not None
             topology = self._topology(run)
         node = topology.nodes[task["node_index"]]

@@ -18,6 +18,10 @@ SELECT status FROM dagwerk_runs WHERE run_id = :run_id;
 -- name: run_get
 SELECT * FROM dagwerk_runs WHERE run_id = :run_id;
 
+-- name: run_get_locked
+-- run_get without a lock prelude, for a transaction that holds the run's lock.
+SELECT * FROM dagwerk_runs WHERE run_id = :run_id;
+
 -- name: run_record
 SELECT r.run_id, r.status, r.failure_policy, r.retry_count, r.error, r.node_count,
        r.created_at, r.finished_at,
@@ -172,7 +176,29 @@ LEFT JOIN dagwerk_launches l
        ON l.launch_id = t.launch_id AND l.active = 1 AND l.generation = t.generation
 WHERE t.task_id = :task_id;
 
+-- name: task_get_completing
+-- task_get_owned (PostgreSQL locks the run in completion mode for it).
+SELECT t.*, r.status AS run_status,
+       (t.invalidated = 0 AND n.generation = t.generation AND l.launch_id IS NOT NULL) AS owned
+FROM dagwerk_tasks t
+JOIN dagwerk_runs r ON r.run_id = t.run_id
+JOIN dagwerk_nodes n ON n.run_id = t.run_id AND n.node_index = t.node_index
+LEFT JOIN dagwerk_launches l
+       ON l.launch_id = t.launch_id AND l.active = 1 AND l.generation = t.generation
+WHERE t.task_id = :task_id;
+
 -- name: tasks_get_owned_many
+SELECT t.*, r.status AS run_status,
+       (t.invalidated = 0 AND n.generation = t.generation AND l.launch_id IS NOT NULL) AS owned
+FROM dagwerk_tasks t
+JOIN dagwerk_runs r ON r.run_id = t.run_id
+JOIN dagwerk_nodes n ON n.run_id = t.run_id AND n.node_index = t.node_index
+LEFT JOIN dagwerk_launches l
+       ON l.launch_id = t.launch_id AND l.active = 1 AND l.generation = t.generation
+WHERE t.task_id IN (SELECT value FROM json_each(:ids)) AND :first IS NOT NULL;
+
+-- name: tasks_claimable_many
+-- tasks_get_owned_many (PostgreSQL locks the run in claim mode for it).
 SELECT t.*, r.status AS run_status,
        (t.invalidated = 0 AND n.generation = t.generation AND l.launch_id IS NOT NULL) AS owned
 FROM dagwerk_tasks t

@@ -1,0 +1,188 @@
+"""The three run-row lock modes of the PostgreSQL store (``queries.sql``, Locking).
+
+Batch claims share the run row (FOR KEY SHARE) with each other and with
+completions (FOR NO KEY UPDATE), so workers claiming a run's tasks no longer
+queue behind every completion of that run; every other transition locks the
+run exclusively (FOR UPDATE) and so still waits for, and shuts out, both. Two
+claims of one task serialise on the task's row. A transaction never moves to a
+stronger mode (the gateway refuses). Each test runs real transactions against
+the server and observes lock waits in ``pg_stat_activity``.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+import uuid
+from collections.abc import Callable, Iterator
+
+import psycopg
+import pytest
+
+from dagwerk.backends.postgres import PostgresStore
+from dagwerk.backends.postgres._statements import RUN_LOCK_MODES
+from dagwerk.backends.postgres.gateway import QUERIES
+from dagwerk.constants import TaskStatus
+from dagwerk.store import LeasedDelivery
+from dagwerk.testing.helpers import new_run, root, tasks_of
+
+RUN_ID = "run-1"
+CLAIM, COMPLETION, EXCLUSIVE = (RUN_LOCK_MODES[m] for m in ("KEY SHARE", "NO KEY UPDATE", "UPDATE"))
+
+
+@pytest.fixture
+def schema(postgres_url: str) -> Iterator[str]:
+    name = f"modes_{uuid.uuid4().hex[:16]}"
+    yield name
+    with psycopg.connect(postgres_url, autocommit=True) as conn:
+        conn.execute(f'DROP SCHEMA IF EXISTS "{name}" CASCADE')
+
+
+@pytest.fixture
+def label() -> str:
+    return f"dagwerk-modes-{uuid.uuid4().hex[:8]}"
+
+
+@pytest.fixture
+def store(postgres_url: str, schema: str, label: str) -> Iterator[PostgresStore]:
+    """Two root nodes: one task RUNNING (claimed), one QUEUED with its queue row."""
+    store = PostgresStore(postgres_url, schema=schema, application_name=label, pool_size=4)
+    new_run(store, [root("a"), root("b")], RUN_ID)
+    (first,) = store.claim_deliveries("w1", limit=1, lease_seconds=60.0)
+    assert first.task is not None
+    yield store
+    store.close()
+
+
+def _task_in(store: PostgresStore, status: TaskStatus) -> str:
+    (task_id,) = [
+        t.task_id for n in (0, 1) for t in tasks_of(store, RUN_ID, n) if t.status is status
+    ]
+    return task_id
+
+
+def _until_waiting_for_a_lock(url: str, label: str) -> None:
+    deadline = time.monotonic() + 20
+    with psycopg.connect(url, autocommit=True) as admin:
+        while True:
+            row = admin.execute(
+                "SELECT count(*) FROM pg_stat_activity "
+                "WHERE application_name = %s AND wait_event_type = 'Lock'",
+                (label,),
+            ).fetchone()
+            if row is not None and row[0] > 0:
+                return
+            assert time.monotonic() < deadline, "nothing waited for a lock"
+            time.sleep(0.01)  # polling with a deadline
+
+
+def _in_thread(work: Callable[[], object]) -> tuple[threading.Thread, list[object]]:
+    outcome: list[object] = []
+
+    def body() -> None:
+        try:
+            outcome.append(work())
+        except Exception as exc:  # reported to the test thread
+            outcome.append(exc)
+
+    thread = threading.Thread(target=body, daemon=True)
+    thread.start()
+    return thread, outcome
+
+
+def _claim(store: PostgresStore) -> Callable[[], object]:
+    return lambda: store.claim_deliveries("w2", limit=4, lease_seconds=60.0)
+
+
+def test_the_blocks_lock_runs_in_their_modes() -> None:
+    modes = {name: q.run_lock for name, q in QUERIES.items() if q.run_lock}
+    assert modes.pop("tasks_claimable_many") == CLAIM
+    assert modes.pop("tasks_get_owned_many") == COMPLETION
+    assert modes.pop("task_get_completing") == COMPLETION
+    # Everything else that locks a run is exclusive.
+    assert modes and set(modes.values()) == {EXCLUSIVE}, modes
+    assert {"run_get", "run_head", "task_get_owned", "gated_run_lock"} <= set(modes)
+
+
+def test_a_claim_does_not_wait_for_a_completion_of_its_run(
+    store: PostgresStore, postgres_url: str, label: str
+) -> None:
+    running = _task_in(store, TaskStatus.RUNNING)
+    queued = _task_in(store, TaskStatus.QUEUED)
+    with store._gw.write() as tx:
+        # A completion's first read: it holds the run row until it commits.
+        tx.all("tasks_get_owned_many", {"ids": json.dumps([running]), "first": running})
+        thread, outcome = _in_thread(_claim(store))
+        thread.join(20)
+        assert not thread.is_alive(), "the claim waited for the completion"
+    (claimed,) = outcome[0]  # type: ignore[misc]
+    assert claimed.task is not None and claimed.task.task_id == queued
+
+
+def test_an_exclusive_transition_shuts_claims_out_until_it_commits(
+    store: PostgresStore, postgres_url: str, label: str
+) -> None:
+    queued = _task_in(store, TaskStatus.QUEUED)
+    with store._gw.write() as tx:
+        tx.one("run_get", {"run_id": RUN_ID})  # e.g. the first read of a cancel
+        thread, outcome = _in_thread(_claim(store))
+        _until_waiting_for_a_lock(postgres_url, label)
+        assert thread.is_alive() and outcome == []
+    thread.join(20)
+    assert not thread.is_alive()
+    (claimed,) = outcome[0]  # type: ignore[misc]
+    assert claimed.task is not None and claimed.task.task_id == queued
+
+
+def test_two_claims_of_one_task_serialise_on_its_row(
+    store: PostgresStore, postgres_url: str, label: str
+) -> None:
+    queued = tasks_of(store, RUN_ID, 1)[0]
+    assert queued.status is TaskStatus.QUEUED
+    # Two queue rows for one attempt (a redelivery racing the first).
+    leased = [
+        LeasedDelivery(
+            delivery_id=f"d{i}",
+            task_id=queued.task_id,
+            attempt_id=queued.attempt_id,
+            generation=queued.generation,
+            run_id=RUN_ID,
+            node_index=1,
+            launch_id="l",
+            queue="default",
+            priority=0,
+            delivery_count=1,
+            worker_id=f"w{i}",
+            lease_expires_at=0.0,
+        )
+        for i in (1, 2)
+    ]
+    with store._gw.write() as first:
+        assert store._claim_many(first, leased[:1]) != [None]
+
+        def second() -> object:
+            with store._gw.write() as tx:
+                return store._claim_many(tx, leased[1:])
+
+        thread, outcome = _in_thread(second)
+        _until_waiting_for_a_lock(postgres_url, label)
+    thread.join(20)
+    assert not thread.is_alive()
+    # The later claim saw the earlier one's commit: not claimed twice.
+    assert outcome == [[None]]
+    assert tasks_of(store, RUN_ID, 1)[0].status is TaskStatus.RUNNING
+
+
+def test_a_transaction_never_takes_a_stronger_run_lock(store: PostgresStore) -> None:
+    running = _task_in(store, TaskStatus.RUNNING)
+    with store._gw.write() as tx:
+        tx.all("tasks_get_owned_many", {"ids": json.dumps([running]), "first": running})
+        tx.one("run_get_locked", {"run_id": RUN_ID})  # no prelude: allowed
+        tx.one("task_get_completing", {"task_id": running})  # same mode: allowed
+        with pytest.raises(AssertionError, match="upgrade"):
+            tx.one("run_get", {"run_id": RUN_ID})
+    with store._gw.write() as tx:
+        tx.one("run_get", {"run_id": RUN_ID})
+        # A weaker mode after a stronger one holds nothing new.
+        tx.all("tasks_get_owned_many", {"ids": json.dumps([running]), "first": running})
