@@ -30,8 +30,8 @@ from dagwerk.backends.errors import StoreUnavailableError
 from dagwerk.backends.postgres import PostgresStore
 from dagwerk.backends.postgres import gateway as pg_gateway
 from dagwerk.constants import RunStatus
-from dagwerk.store import StoreContractError
-from dagwerk.testing.helpers import chain, new_run
+from dagwerk.store import CompletionRequest, StoreContractError, TaskCompletionResult
+from dagwerk.testing.helpers import chain, emit, new_run, root
 from dagwerk.testing.pg_proxy import DelayProxy
 
 # Long enough that a preempted client on a loaded machine still finishes a
@@ -175,6 +175,55 @@ def test_store_operations_wait_only_for_the_results_they_use(
             assert store.try_complete_task(row.task_id, (), expected_attempt_id=row.attempt_id)
         with expect("ack"):
             assert store.ack(row.delivery_id, "w")
+
+
+def test_several_reads_share_one_flight(proxy: DelayProxy, schema: str) -> None:
+    """``all_of`` sends its reads (each with its lock preludes) together."""
+    with PostgresStore(proxy.url, schema=schema) as store:
+        new_run(store, chain(2))
+        queries: list[tuple[str, dict[str, object]]] = [
+            ("run_status", {"run_id": "run-1"}),
+            ("tasks_of_run", {"run_id": "run-1", "all": 1}),
+        ]
+        with store._pg.write() as tx:
+            apart = [tx.all(name, params) for name, params in queries]
+        for kind in ("write", "read"):
+            with proxy.count() as trips, getattr(store._pg, kind)() as tx:
+                together = tx.all_of(queries)
+            assert together == apart
+            assert trips == [2 if kind == "write" else 1]  # a write's COMMIT waits
+
+
+def test_a_batch_of_completions_costs_four_round_trips(proxy: DelayProxy, schema: str) -> None:
+    """A ``complete_and_ack`` of one run's tasks: the read that groups them by
+    run, then in the write the tasks with their taken output IDs, the launch
+    counter with its read (the outputs ride along), and the task writes with
+    the COMMIT, plus one per further launch the batch completes tasks of.
+    (It cost seven before: the taken IDs, the counter update and the run's
+    budget accounts were round trips of their own; the accounts are still
+    read once per run, by its first completion.)"""
+    with PostgresStore(proxy.url, schema=schema) as store:
+        new_run(store, [root("a"), root("b"), root("c")])
+        claimed = store.claim_deliveries("w", limit=3, lease_seconds=60.0)
+        requests = []
+        for row in claimed:
+            assert row.task is not None
+            requests.append(
+                CompletionRequest(
+                    delivery_id=row.delivery.delivery_id,
+                    task_id=row.task.task_id,
+                    expected_attempt_id=row.task.attempt_id,
+                    outputs=emit(f"out-{row.task.node_index}", k=1),
+                )
+            )
+        trips = []
+        outcomes: list[object] = []
+        for request in requests:  # each root node is a launch of its own
+            with proxy.count() as each:
+                outcomes += store.complete_and_ack("w", [request])
+            trips += each
+        assert all(isinstance(o, TaskCompletionResult) for o in outcomes), outcomes
+        assert trips == [5, 4, 4]
 
 
 # -- guarantees ---------------------------------------------------------------------------

@@ -22,10 +22,10 @@ from __future__ import annotations
 import os
 import threading
 import time
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Sequence
 from contextlib import AbstractContextManager, contextmanager, suppress
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import psycopg
 from psycopg.rows import dict_row
@@ -211,6 +211,17 @@ class _Tx:
             self._send_begin()
             self._sync()
             return None
+        if kind == "all_of":
+            queries = cast("list[tuple[str, Params]]", rows)
+            cursors = [self._send(query, values) for query, values in queries]
+            self._sync()
+            results = [each.fetchall() for each in cursors]
+            if not self._write:
+                self._journal.extend(
+                    ("all", query, values, found)
+                    for (query, values), found in zip(queries, results, strict=True)
+                )
+            return results
         cursor = self._send(name, params)
         self._sync()
         result: object
@@ -298,6 +309,15 @@ class _Tx:
     def all(self, name: str, params: Params | None = None) -> list[Row]:
         rows: list[Row] = self._call("all", name, params)
         return rows
+
+    def all_of(self, queries: Sequence[tuple[str, Params]]) -> list[list[Row]]:
+        """Several reads (each with its lock preludes) in one flight."""
+        listed = list(queries)
+        if not listed:
+            return []
+        names = " and ".join(dict.fromkeys(name for name, _ in listed))
+        found: list[list[Row]] = self._call("all_of", names, None, cast("list[Params]", listed))
+        return found
 
     def run(self, name: str, params: Params | None = None) -> int:
         count: int = self._call("run", name, params)

@@ -158,6 +158,7 @@ class BatchMixin(TasksMixin, QueueMixin):
         if not items:
             return []
         outcomes: list[CompletionOutcome] = [None] * len(items)
+        runs: dict[str, str] = {}
         if self._one_writer():
             groups = [list(range(len(items)))]
         else:
@@ -169,8 +170,11 @@ class BatchMixin(TasksMixin, QueueMixin):
         # write lock is taken.
         texts = output_texts(output for item in items for output in item.outputs)
         for group in groups:
+            run_id = runs.get(items[group[0]].task_id)
             with self._gw.write() as tx:
-                self._complete_group(tx, worker_id, [(i, items[i]) for i in group], outcomes, texts)
+                self._complete_group(
+                    tx, worker_id, [(i, items[i]) for i in group], outcomes, texts, run_id=run_id
+                )
         return outcomes
 
     def _complete_group(
@@ -180,6 +184,8 @@ class BatchMixin(TasksMixin, QueueMixin):
         items: list[tuple[int, CompletionRequest]],
         outcomes: list[CompletionOutcome],
         texts: Mapping[int, OutputTexts],
+        *,
+        run_id: str | None = None,
     ) -> None:
         """Every request of ``items`` in one transaction, with set-based writes.
 
@@ -189,19 +195,37 @@ class BatchMixin(TasksMixin, QueueMixin):
         request of this call completed sees that completion), and the writes
         go out per statement for all requests together. A run with budget
         accounts takes the one-by-one path, whose charges are per request.
+        With ``run_id`` (the run of the tasks, read before the transaction)
+        the taken output IDs are read together with the tasks, under the
+        same lock (one round trip on PostgreSQL).
         """
         ids = list(dict.fromkeys(item.task_id for _, item in items))
-        rows = {
-            row["task_id"]: row
-            for row in tx.all("tasks_get_owned_many", {"ids": json.dumps(ids), "first": ids[0]})
-        }
+        tasks = {"ids": json.dumps(ids), "first": ids[0]}
+        emitted = [
+            output.id
+            for _, item in items
+            for output in item.outputs
+            if isinstance(output, EmittedOutput)
+        ]
+        known: dict[str, set[str]] = {}
+        if run_id and emitted:
+            found, taken_rows = tx.all_of(
+                [
+                    ("tasks_get_owned_many", tasks),
+                    ("outputs_reserved", {"run_id": run_id, "ids": json.dumps(emitted)}),
+                ]
+            )
+            known[run_id] = {row["output_id"] for row in taken_rows}
+        else:
+            found = tx.all("tasks_get_owned_many", tasks)
+        rows = {row["task_id"]: row for row in found}
         statuses = {row["run_id"]: row["run_status"] for row in rows.values()}
         budgeted = {
             run_id
             for run_id, status in statuses.items()
             if self._charges_completions(tx, run_id, status)
         }
-        reserved = self._reserved_outputs(tx, items, rows, budgeted)
+        reserved = self._reserved_outputs(tx, items, rows, budgeted, known)
         batch = _CompletionBatch()
         for index, item in items:
             row = rows.get(item.task_id)
@@ -245,8 +269,10 @@ class BatchMixin(TasksMixin, QueueMixin):
         items: list[tuple[int, CompletionRequest]],
         rows: dict[str, Row],
         budgeted: set[str],
+        known: dict[str, set[str]],
     ) -> dict[str, set[str]]:
-        """Per run, which of the output IDs the requests emit are taken."""
+        """Per run, which of the output IDs the requests emit are taken
+        (``known``: runs already read, for every ID the requests emit)."""
         wanted: dict[str, list[str]] = {}
         for _, item in items:
             row = rows.get(item.task_id)
@@ -256,7 +282,9 @@ class BatchMixin(TasksMixin, QueueMixin):
                 output.id for output in item.outputs if isinstance(output, EmittedOutput)
             )
         return {
-            run_id: {
+            run_id: known[run_id]
+            if run_id in known
+            else {
                 row["output_id"]
                 for row in tx.all("outputs_reserved", {"run_id": run_id, "ids": json.dumps(ids)})
             }
@@ -270,9 +298,11 @@ class BatchMixin(TasksMixin, QueueMixin):
         if batch.outputs:
             tx.many("output_insert", batch.outputs)
         # Each launch's counter moves once; the request that brought it to
-        # its task count is the one that completed the launch.
+        # its task count is the one that completed the launch. The counter's
+        # update needs no answer: it travels with the launch's read (one
+        # round trip on PostgreSQL).
         for launch_id, positions in batch.by_launch.items():
-            tx.run("launch_count_completions", {"launch_id": launch_id, "n": len(positions)})
+            tx.many("launch_count_completions", [{"launch_id": launch_id, "n": len(positions)}])
             launch = tx.one("launch_by_id", {"launch_id": launch_id})
             assert launch is not None
             before = launch["completed"] - len(positions)

@@ -260,7 +260,8 @@ class TasksMixin(SqlStoreBase):
         if prepared:
             tx.many("output_insert", prepared)
         check_task_transition(TaskStatus.RUNNING, TaskStatus.COMPLETED)
-        tx.run("launch_count_completion", {"launch_id": task["launch_id"]})
+        # No answer needed: the update travels with the read below.
+        tx.many("launch_count_completion", [{"launch_id": task["launch_id"]}])
         launch = tx.one("launch_by_id", {"launch_id": task["launch_id"]})
         assert launch is not None
         complete = launch["completed"] == launch["task_count"]

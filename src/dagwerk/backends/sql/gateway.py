@@ -9,7 +9,7 @@ database keeps its own spelling of the same operations.
 from __future__ import annotations
 
 import re
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from contextlib import AbstractContextManager
 from pathlib import Path
 from typing import Any, Protocol
@@ -53,6 +53,11 @@ class Tx(Protocol):
 
     def all(self, name: str, params: Params | None = None) -> list[Row]:
         """Every row of the query."""
+        ...
+
+    def all_of(self, queries: Sequence[tuple[str, Params]]) -> list[list[Row]]:
+        """Every row of each query, run in order (in one round trip where the
+        backend can send them together)."""
         ...
 
     def run(self, name: str, params: Params | None = None) -> int:

@@ -20,7 +20,7 @@ except ImportError:  # pragma: no cover - not on POSIX
 import sqlite3
 import threading
 import time
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Sequence
 from contextlib import AbstractContextManager, ExitStack, contextmanager, suppress
 from pathlib import Path
 
@@ -126,6 +126,9 @@ class _Tx:
     def all(self, name: str, params: Params | None = None) -> list[Row]:
         rows: list[Row] = self._execute(name, params).fetchall()
         return rows
+
+    def all_of(self, queries: Sequence[tuple[str, Params]]) -> list[list[Row]]:
+        return [self.all(name, params) for name, params in queries]
 
     def run(self, name: str, params: Params | None = None) -> int:
         if name in _WAKING:
