@@ -4,7 +4,10 @@
 -- Lists arrive as JSON text and are expanded once, with
 -- "= ANY (ARRAY(SELECT jsonb_array_elements_text(...)))": an uncorrelated
 -- ARRAY() is evaluated once, where "IN (SELECT ...)" may re-parse the JSON
--- for every row it filters (quadratic for a 10,000-task launch).
+-- for every row it filters (quadratic for a 10,000-task launch). "= ANY" is
+-- only linear where it is an index condition (a key looked up per element);
+-- a long list that may meet many rows fetched by another index (a run's
+-- outputs) is a DISTINCT relation joined to them instead (outputs_resolve).
 --
 -- Locking. Write transactions run at READ COMMITTED, so every statement sees
 -- the commits that came before it. The run row is the serialisation boundary
@@ -407,18 +410,27 @@ SELECT output_id FROM dagwerk_outputs
 WHERE run_id = :run_id AND node_index = :node_index AND invalidated = 0 ORDER BY seq;
 
 -- name: outputs_valid_by_ids
-SELECT output_id, node_index FROM dagwerk_outputs
-WHERE run_id = :run_id AND invalidated = 0
-  AND output_id = ANY (ARRAY(SELECT jsonb_array_elements_text(CAST(:ids AS jsonb))));
+-- Joined to the wanted IDs (see outputs_resolve).
+SELECT o.output_id, o.node_index
+FROM (SELECT DISTINCT jsonb_array_elements_text(CAST(:ids AS jsonb)) AS output_id) AS wanted
+JOIN dagwerk_outputs o ON o.run_id = :run_id AND o.output_id = wanted.output_id
+WHERE o.invalidated = 0;
 
 -- name: outputs_reserved
-SELECT output_id FROM dagwerk_outputs
-WHERE run_id = :run_id AND output_id = ANY (ARRAY(SELECT jsonb_array_elements_text(CAST(:ids AS jsonb))));
+-- Joined to the wanted IDs (see outputs_resolve).
+SELECT o.output_id
+FROM (SELECT DISTINCT jsonb_array_elements_text(CAST(:ids AS jsonb)) AS output_id) AS wanted
+JOIN dagwerk_outputs o ON o.run_id = :run_id AND o.output_id = wanted.output_id;
 
 -- name: outputs_resolve
-SELECT output_id, fields, data FROM dagwerk_outputs
-WHERE run_id = :run_id AND invalidated = 0
-  AND output_id = ANY (ARRAY(SELECT jsonb_array_elements_text(CAST(:ids AS jsonb))));
+-- The wanted IDs are a relation joined to the outputs, not an "= ANY"
+-- filter: with a run's outputs fetched by another index, that filter scans
+-- the whole list for every row (1,000 IDs against 2,000 outputs took ~19 ms,
+-- the join ~1.5 ms), and the planner picks such an index on fresh tables.
+SELECT o.output_id, o.fields, o.data
+FROM (SELECT DISTINCT jsonb_array_elements_text(CAST(:ids AS jsonb)) AS output_id) AS wanted
+JOIN dagwerk_outputs o ON o.run_id = :run_id AND o.output_id = wanted.output_id
+WHERE o.invalidated = 0;
 
 -- name: output_insert
 INSERT INTO dagwerk_outputs
