@@ -74,3 +74,18 @@ def test_a_budgeted_run_reads_its_accounts_at_every_completion(
         reads = _count_account_reads(store, monkeypatch)
         _complete_each(store, batched=batched)
         assert reads.count("run-1") >= 2
+
+
+def test_a_started_unbudgeted_run_reports_no_budget_without_a_read(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The worker reads a run's budget for every batch; once a completion
+    found the started run without accounts, that read is not repeated."""
+    with SqliteStore(tmp_path / "db.sqlite") as store:
+        new_run(store, [root("a"), root("b")])
+        reads = _count_account_reads(store, monkeypatch)
+        assert store.get_run_budget("run-1") == ()
+        _complete_each(store, batched=True)
+        assert reads == ["run-1", "run-1"]  # the view, then the first completion
+        assert store.get_run_budget("run-1") == ()
+        assert reads == ["run-1", "run-1"]

@@ -113,6 +113,8 @@ class BudgetsMixin(SqlStoreBase):
             return True
 
     def get_run_budget(self, run_id: str) -> tuple[AccountUsage, ...]:
+        if run_id in self._unbudgeted:
+            return ()  # started without accounts: it never gets any
         with self._gw.read() as tx:
             return tuple(self._accounts(tx, run_id))
 
