@@ -18,12 +18,12 @@ real operations many times.
 from __future__ import annotations
 
 import threading
-import time
 import uuid
 from collections.abc import Iterator
 
 import psycopg
 import pytest
+from pg_locks import until_waiting_for_a_lock
 
 from dagwerk.backends.postgres import PostgresStore
 from dagwerk.constants import RunStatus, TaskStatus
@@ -74,21 +74,6 @@ def _waiting_parent(store: PostgresStore) -> str:
     return kid_task.task_id
 
 
-def _until_waiting_for_a_lock(url: str, label: str) -> None:
-    deadline = time.monotonic() + 20
-    with psycopg.connect(url, autocommit=True) as admin:
-        while True:
-            row = admin.execute(
-                "SELECT count(*) FROM pg_stat_activity "
-                "WHERE application_name = %s AND wait_event_type = 'Lock'",
-                (label,),
-            ).fetchone()
-            if row is not None and row[0] > 0:
-                return
-            assert time.monotonic() < deadline, "the child's finalisation never waited"
-            time.sleep(0.01)  # polling with a deadline
-
-
 def test_finishing_child_does_not_deadlock_with_a_cancel_of_its_parent(
     postgres_url: str, schema: str
 ) -> None:
@@ -115,7 +100,7 @@ def test_finishing_child_does_not_deadlock_with_a_cancel_of_its_parent(
 
             thread = threading.Thread(target=finish)
             thread.start()
-            _until_waiting_for_a_lock(postgres_url, label)
+            until_waiting_for_a_lock(postgres_url, label, "the child's finalisation")
             # The cancel's next step: the child's run row. A finalisation that
             # already held it here would deadlock with this statement.
             stopper.execute("SET LOCAL lock_timeout = '10s'")

@@ -13,12 +13,12 @@ from __future__ import annotations
 
 import json
 import threading
-import time
 import uuid
 from collections.abc import Callable, Iterator
 
 import psycopg
 import pytest
+from pg_locks import until_waiting_for_a_lock
 
 from dagwerk.backends.postgres import PostgresStore
 from dagwerk.backends.postgres._statements import RUN_LOCK_MODES
@@ -60,21 +60,6 @@ def _task_in(store: PostgresStore, status: TaskStatus) -> str:
         t.task_id for n in (0, 1) for t in tasks_of(store, RUN_ID, n) if t.status is status
     ]
     return task_id
-
-
-def _until_waiting_for_a_lock(url: str, label: str) -> None:
-    deadline = time.monotonic() + 20
-    with psycopg.connect(url, autocommit=True) as admin:
-        while True:
-            row = admin.execute(
-                "SELECT count(*) FROM pg_stat_activity "
-                "WHERE application_name = %s AND wait_event_type = 'Lock'",
-                (label,),
-            ).fetchone()
-            if row is not None and row[0] > 0:
-                return
-            assert time.monotonic() < deadline, "nothing waited for a lock"
-            time.sleep(0.01)  # polling with a deadline
 
 
 def _in_thread(work: Callable[[], object]) -> tuple[threading.Thread, list[object]]:
@@ -127,7 +112,7 @@ def test_an_exclusive_transition_shuts_claims_out_until_it_commits(
     with store._gw.write() as tx:
         tx.one("run_get", {"run_id": RUN_ID})  # e.g. the first read of a cancel
         thread, outcome = _in_thread(_claim(store))
-        _until_waiting_for_a_lock(postgres_url, label)
+        until_waiting_for_a_lock(postgres_url, label, "the claim")
         assert thread.is_alive() and outcome == []
     thread.join(20)
     assert not thread.is_alive()
@@ -166,7 +151,7 @@ def test_two_claims_of_one_task_serialise_on_its_row(
                 return store._claim_many(tx, leased[1:])
 
         thread, outcome = _in_thread(second)
-        _until_waiting_for_a_lock(postgres_url, label)
+        until_waiting_for_a_lock(postgres_url, label, "the claim")
     thread.join(20)
     assert not thread.is_alive()
     # The later claim saw the earlier one's commit: not claimed twice.

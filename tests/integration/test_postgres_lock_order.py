@@ -15,12 +15,12 @@ side; now both finish.
 from __future__ import annotations
 
 import threading
-import time
 import uuid
 from collections.abc import Iterator
 
 import psycopg
 import pytest
+from pg_locks import until_waiting_for_a_lock
 
 from dagwerk.backends.postgres import PostgresStore
 from dagwerk.constants import RunStatus, TaskStatus
@@ -60,21 +60,6 @@ def _spent_run(url: str, schema: str, label: str) -> tuple[PostgresStore, _Clock
     return store, clock
 
 
-def _until_waiting_for_a_lock(url: str, label: str) -> None:
-    deadline = time.monotonic() + 20
-    with psycopg.connect(url, autocommit=True) as admin:
-        while True:
-            row = admin.execute(
-                "SELECT count(*) FROM pg_stat_activity "
-                "WHERE application_name = %s AND wait_event_type = 'Lock'",
-                (label,),
-            ).fetchone()
-            if row is not None and row[0] > 0:
-                return
-            assert time.monotonic() < deadline, "the dequeue never waited for the run row"
-            time.sleep(0.01)  # polling with a deadline
-
-
 def test_dead_letter_path_does_not_deadlock_with_a_stop_of_the_run(
     postgres_url: str, schema: str
 ) -> None:
@@ -98,7 +83,7 @@ def test_dead_letter_path_does_not_deadlock_with_a_stop_of_the_run(
 
             thread = threading.Thread(target=dequeue)
             thread.start()
-            _until_waiting_for_a_lock(postgres_url, label)
+            until_waiting_for_a_lock(postgres_url, label, "the dequeue")
             # The stop's next step: the run's queue rows. A dequeue that still
             # held the row here would deadlock with this statement.
             stopper.execute("SET LOCAL lock_timeout = '10s'")

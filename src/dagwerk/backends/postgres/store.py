@@ -46,7 +46,9 @@ class PostgresStore(SqlStore):
     refuses a schema newer than this dagwerk (``SchemaTooNewError``, code
     ``"schema_too_new"``). Every transition is one READ COMMITTED transaction
     that first locks its run's row, so transitions of one run are serialised
-    while different runs proceed in parallel; ``dequeue`` leases rows with
+    while different runs proceed in parallel; batch claims share the row
+    with each other and with completions (the lock modes are described in
+    ``queries.sql``); ``dequeue`` leases rows with
     ``FOR UPDATE SKIP LOCKED``, so workers never wait for each other there.
     Reads are REPEATABLE READ snapshots. Driver errors surface as
     :mod:`dagwerk.backends.errors`; text with a NUL character or an integer

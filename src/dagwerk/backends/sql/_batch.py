@@ -7,7 +7,11 @@ do all completions and acks of one call. On a backend with row locks
 transaction that took several runs' locks in arbitrary order could deadlock
 with another, so there a batch is one transaction per run (the leases stay
 their own transaction, which takes no run lock). Either way each request
-runs the single operation's own code under the same locks.
+runs the single operation's own code under the same locks, except that on
+PostgreSQL a batch claim shares its run's row with other claims and with
+completions and locks the rows of the tasks it claims instead (claim mode,
+``postgres/queries.sql``), where a single ``try_claim_task`` locks the run
+exclusively.
 """
 
 from __future__ import annotations
