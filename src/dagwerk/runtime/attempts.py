@@ -7,6 +7,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from dagwerk._fifo import RUN_CACHE_LIMIT, FifoCache
 from dagwerk.budgets import AccountUsage
 from dagwerk.lineage import RunLink
 from dagwerk.models import DagNode, ResolvedOutput, TaskInputs
@@ -18,7 +19,7 @@ from dagwerk.store import DagBudgetStore, DagChildStore, LeasedDelivery, TaskRec
 
 __all__ = ["LINKS_KEPT", "Attempt", "BatchReads", "Running"]
 
-LINKS_KEPT = 4096
+LINKS_KEPT = RUN_CACHE_LIMIT
 """How many runs' lineage links a worker keeps between batches."""
 
 
@@ -117,16 +118,15 @@ class BatchReads:
         self._budget_store = budget_store
         self._plans = plans
         # A run's link is written with the run and never changes, so a
-        # worker may keep the links it read across batches.
-        self._links: dict[str, RunLink | None] = {} if links is None else links
+        # worker may keep the links it read across batches (at most
+        # LINKS_KEPT of them: the oldest is forgotten first).
+        self._links: dict[str, RunLink | None] = FifoCache(LINKS_KEPT) if links is None else links
         self._budgets: dict[str, tuple[AccountUsage, ...]] = {}
         self._resolvers: dict[str, Any] = {}
 
     def link(self, run_id: str) -> RunLink | None:
         if run_id not in self._links:
             store = self._child_store
-            if len(self._links) >= LINKS_KEPT:
-                self._links.clear()
             self._links[run_id] = None if store is None else store.get_run_link(run_id)
         return self._links[run_id]
 

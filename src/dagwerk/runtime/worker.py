@@ -37,6 +37,7 @@ from pathlib import Path
 from types import MappingProxyType
 from typing import Any
 
+from dagwerk._fifo import FifoCache
 from dagwerk.budgets import BudgetExhaustedError
 from dagwerk.constants import RunStatus, TaskStatus
 from dagwerk.errors import DagwerkError
@@ -52,7 +53,7 @@ from dagwerk.orchestrator import (
 )
 from dagwerk.runtime._threads import spawn
 from dagwerk.runtime.actor import AdvancementActor
-from dagwerk.runtime.attempts import Attempt, BatchReads, Running
+from dagwerk.runtime.attempts import LINKS_KEPT, Attempt, BatchReads, Running
 from dagwerk.runtime.backstop import DEFAULT_BACKSTOP_INTERVAL, Backstop
 from dagwerk.runtime.batch import process_batch
 from dagwerk.runtime.budget_guard import ByteLimits, CostEstimate, admit_task, check_output_limit
@@ -207,7 +208,8 @@ class Worker:
         # Protocol checks walk every member of the protocol; a worker asks
         # them once here, not per delivery.
         self.child_store: DagChildStore | None = store if isinstance(store, DagChildStore) else None
-        self.run_links: dict[str, RunLink | None] = {}  # kept across batches (immutable)
+        # Kept across batches (immutable), the most recent LINKS_KEPT runs'.
+        self.run_links: dict[str, RunLink | None] = FifoCache(LINKS_KEPT)
         self.budget_store: DagBudgetStore | None = (
             store if isinstance(store, DagBudgetStore) else None
         )
