@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import os
+import uuid
+from collections.abc import Iterator
 
 import pytest
 
@@ -23,3 +25,15 @@ def postgres_url() -> str:
         pytest.fail(f"{POSTGRES_ENV} is not set in CI: the PostgreSQL server did not start")
     hint = f"export {POSTGRES_ENV}=$(bash .ci/postgres.sh start /tmp/pg)"
     pytest.skip(f"{POSTGRES_ENV} is not set (start a server: {hint})")
+
+
+@pytest.fixture
+def pg_schema(postgres_url: str) -> Iterator[str]:
+    """The name of a fresh PostgreSQL schema for one test, dropped afterwards
+    (a store opened with ``schema=`` creates it)."""
+    import psycopg  # the PostgreSQL extra: only tests that use the server need it
+
+    name = f"t_{uuid.uuid4().hex[:16]}"
+    yield name
+    with psycopg.connect(postgres_url, autocommit=True) as conn:
+        conn.execute(f'DROP SCHEMA IF EXISTS "{name}" CASCADE')

@@ -16,7 +16,6 @@ import threading
 import uuid
 from collections.abc import Callable, Iterator
 
-import psycopg
 import pytest
 from pg_locks import until_waiting_for_a_lock
 
@@ -32,22 +31,14 @@ CLAIM, COMPLETION, EXCLUSIVE = (RUN_LOCK_MODES[m] for m in ("KEY SHARE", "NO KEY
 
 
 @pytest.fixture
-def schema(postgres_url: str) -> Iterator[str]:
-    name = f"modes_{uuid.uuid4().hex[:16]}"
-    yield name
-    with psycopg.connect(postgres_url, autocommit=True) as conn:
-        conn.execute(f'DROP SCHEMA IF EXISTS "{name}" CASCADE')
-
-
-@pytest.fixture
 def label() -> str:
     return f"dagwerk-modes-{uuid.uuid4().hex[:8]}"
 
 
 @pytest.fixture
-def store(postgres_url: str, schema: str, label: str) -> Iterator[PostgresStore]:
+def store(postgres_url: str, pg_schema: str, label: str) -> Iterator[PostgresStore]:
     """Two root nodes: one task RUNNING (claimed), one QUEUED with its queue row."""
-    store = PostgresStore(postgres_url, schema=schema, application_name=label, pool_size=4)
+    store = PostgresStore(postgres_url, schema=pg_schema, application_name=label, pool_size=4)
     new_run(store, [root("a"), root("b")], RUN_ID)
     (first,) = store.claim_deliveries("w1", limit=1, lease_seconds=60.0)
     assert first.task is not None

@@ -11,7 +11,6 @@ table, as a new run's are, and asserts that no list is scanned per row.
 from __future__ import annotations
 
 import json
-import uuid
 from collections.abc import Iterator
 from typing import Any
 
@@ -26,14 +25,6 @@ RUN_ID = "run-1"
 OUTPUTS = 2_000
 
 
-@pytest.fixture
-def schema(postgres_url: str) -> Iterator[str]:
-    name = f"plans_{uuid.uuid4().hex[:16]}"
-    yield name
-    with psycopg.connect(postgres_url, autocommit=True) as conn:
-        conn.execute(f'DROP SCHEMA IF EXISTS "{name}" CASCADE')
-
-
 def _filters(plan: dict[str, Any]) -> Iterator[str]:
     for key in ("Filter", "Join Filter"):
         if key in plan:
@@ -44,11 +35,13 @@ def _filters(plan: dict[str, Any]) -> Iterator[str]:
 
 @pytest.mark.parametrize("name", ["outputs_resolve", "outputs_valid_by_ids", "outputs_reserved"])
 def test_a_long_id_list_is_joined_not_scanned_per_row(
-    postgres_url: str, schema: str, name: str
+    postgres_url: str, pg_schema: str, name: str
 ) -> None:
-    with PostgresStore(postgres_url, schema=schema) as store:
+    with PostgresStore(postgres_url, schema=pg_schema) as store:
         new_run(store, [root("src")], RUN_ID)
-    with psycopg.connect(postgres_url, autocommit=True, options=f"-c search_path={schema}") as conn:
+    with psycopg.connect(
+        postgres_url, autocommit=True, options=f"-c search_path={pg_schema}"
+    ) as conn:
         conn.execute(
             "INSERT INTO dagwerk_outputs (run_id, output_id, node_index, fields, data, "
             "routing_size) SELECT %s, 'o' || n, 0, '{}', 'null', 2 "
