@@ -205,12 +205,18 @@ class BatchMixin(TasksMixin, QueueMixin):
         """
         ids = list(dict.fromkeys(item.task_id for _, item in items))
         tasks = {"ids": json.dumps(ids), "first": ids[0]}
-        emitted = [
-            output.id
-            for _, item in items
-            for output in item.outputs
-            if isinstance(output, EmittedOutput)
-        ]
+        # Without a run (SQLite, where a read costs no round trip, or tasks
+        # the grouping read did not find) nothing is read ahead.
+        emitted = (
+            []
+            if not run_id
+            else [
+                output.id
+                for _, item in items
+                for output in item.outputs
+                if isinstance(output, EmittedOutput)
+            ]
+        )
         known: dict[str, set[str]] = {}
         if run_id and emitted:
             found, taken_rows = tx.all_of(
