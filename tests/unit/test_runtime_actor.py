@@ -8,7 +8,7 @@ import threading
 import pytest
 
 from dagwerk.constants import RunStatus
-from dagwerk.runtime.actor import ActorState, AdvancementActor
+from dagwerk.runtime.actor import ActorState, AdvancementActor, LoopHandedOver
 from dagwerk.runtime.clock import FakeClock
 from dagwerk.runtime.errors import AdvancementWaitError, RunAdvancementStoppedError
 from dagwerk.testing.waits import wait_until
@@ -251,3 +251,86 @@ def test_a_step_that_returned_at_once_still_backs_off() -> None:
     finally:
         actor.stop()
         waiter.join(30)
+
+
+def test_a_stuck_step_handed_over_goes_on_in_a_new_thread_and_the_old_one_leaves() -> None:
+    """hand_over: the rest of the step in flight runs on a new loop thread,
+    the loop goes on there, and the stuck thread, once free, leaves the loop
+    (LoopHandedOver) without touching its state; still one step in flight."""
+    stuck, release = threading.Event(), threading.Event()
+    threads: list[threading.Thread] = []
+    rests: list[threading.Thread] = []
+    escaped: list[BaseException] = []
+
+    def step() -> bool:
+        threads.append(threading.current_thread())
+        if len(threads) == 1:
+            stuck.set()
+            release.wait(30)
+            raise LoopHandedOver
+        return False
+
+    def rest() -> bool:
+        rests.append(threading.current_thread())
+        return True
+
+    previous_hook = threading.excepthook
+    threading.excepthook = lambda args: escaped.append(args.exc_value)  # type: ignore[assignment,misc,arg-type]
+    actor = AdvancementActor(
+        step, FakeRuns().read, background=True, idle_backoff_min=0.001, idle_backoff_max=0.005
+    )
+    try:
+        actor.start()
+        assert stuck.wait(30)
+        first = threads[0]
+        assert actor.in_loop_thread() is False
+        actor.hand_over(rest)
+        wait_until(lambda: len(threads) >= 3, "steps on the new loop thread")
+        assert rests and rests[0] is not first
+        assert all(t is rests[0] for t in threads[1:])
+        assert actor.max_steps_in_flight == 1
+        release.set()
+        first.join(30)
+        assert not first.is_alive()
+        assert actor.state is ActorState.RUNNING  # the old thread left quietly
+        assert escaped == []
+        wait_until(lambda: len(threads) >= 5, "the loop still goes on")
+    finally:
+        release.set()
+        actor.stop(30)
+        threading.excepthook = previous_hook
+    assert actor.state is ActorState.STOPPED
+    wait_until(lambda: not rests[0].is_alive(), "the loop thread's end")
+    assert actor.steps_in_flight == 0
+
+
+def test_stop_waits_for_the_loop_wherever_it_was_handed() -> None:
+    stuck, release, in_rest, finish_rest = (threading.Event() for _ in range(4))
+
+    def step() -> bool:
+        stuck.set()
+        release.wait(30)
+        raise LoopHandedOver
+
+    def rest() -> bool:
+        in_rest.set()
+        finish_rest.wait(30)
+        return True
+
+    actor = AdvancementActor(step, FakeRuns().read, background=True)
+    actor.start()
+    try:
+        assert stuck.wait(30)
+        actor.hand_over(rest)
+        assert in_rest.wait(30)
+        stopper = threading.Thread(target=actor.stop)
+        stopper.start()
+        stopper.join(0.05)
+        assert stopper.is_alive()  # the handed-over step is still in flight
+        finish_rest.set()
+        stopper.join(30)
+        assert not stopper.is_alive()
+        assert actor.state is ActorState.STOPPED
+    finally:
+        release.set()
+        finish_rest.set()

@@ -15,6 +15,7 @@ from dagwerk.runtime.clock import FakeClock, SystemClock
 from dagwerk.runtime.context import TaskContext
 from dagwerk.runtime.executors import (
     AsyncExecutor,
+    AttemptJob,
     AttemptSignal,
     ExecutionOutcome,
     Executor,
@@ -104,6 +105,28 @@ def test_result_error_and_wait_outcomes(executor: Executor) -> None:
     wait = _run(executor, waits)
     assert wait.kind is OutcomeKind.WAIT and wait.wait_id == "approval"
     assert _run(executor, async_double).outputs == ok.outputs
+
+
+def exits(inputs: TaskInputs, ctx: TaskContext) -> object:
+    raise SystemExit(3)
+
+
+@pytest.mark.parametrize("executor", EXECUTORS, ids=["thread", "async", "process"])
+def test_a_plugin_raising_system_exit_fails_its_attempt(executor: Executor) -> None:
+    # It once ended the plugin's thread with the attempt unsettled: the
+    # attempt then waited for its deadline (or forever without one).
+    outcome = _run(executor, exits, timeout=20.0)
+    assert outcome.kind is OutcomeKind.ERROR
+    assert isinstance(outcome.error, SystemExit) or "SystemExit" in str(outcome.error)
+
+
+def test_a_plugin_raising_system_exit_fails_only_its_attempt_in_a_batch() -> None:
+    jobs = []
+    for fn in (exits, double):
+        signal = AttemptSignal()
+        jobs.append(AttemptJob(fn, _inputs(), _ctx(signal), 20.0, signal))
+    outcomes = ThreadExecutor().execute_many(jobs, clock=SystemClock())
+    assert [o.kind for o in outcomes] == [OutcomeKind.ERROR, OutcomeKind.OK]
 
 
 @pytest.mark.parametrize("executor", EXECUTORS, ids=["thread", "async", "process"])

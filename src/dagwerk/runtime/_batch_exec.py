@@ -32,7 +32,7 @@ from dagwerk.runtime._threads import spawn
 from dagwerk.runtime.clock import Clock
 
 if TYPE_CHECKING:
-    from dagwerk.runtime.executors import AttemptJob, ExecutionOutcome, _Settlement
+    from dagwerk.runtime.executors import AttemptJob, ExecutionOutcome, Settlement
 
 __all__ = ["RAMP_SECONDS", "run_batch"]
 
@@ -53,7 +53,7 @@ class _Runner:
 
 def run_batch(
     jobs: Sequence[AttemptJob],
-    settlements: list[_Settlement],
+    settlements: list[Settlement],
     wake: threading.Event,
     *,
     clock: Clock,

@@ -20,12 +20,19 @@ from dagwerk.constants import RunStatus
 from dagwerk.runtime.clock import Clock, SystemClock
 from dagwerk.runtime.errors import AdvancementWaitError, RunAdvancementStoppedError
 
-__all__ = ["ActorState", "AdvancementActor"]
+__all__ = ["ActorState", "AdvancementActor", "LoopHandedOver"]
 
 _LOG = logging.getLogger("dagwerk.runtime.actor")
 _TERMINAL = frozenset(
     {RunStatus.COMPLETED, RunStatus.FAILED, RunStatus.CRASHED, RunStatus.CANCELLED}
 )
+
+
+class LoopHandedOver(BaseException):
+    """Raised in a loop thread whose step was handed to another thread
+    (:meth:`AdvancementActor.hand_over`): it unwinds the stuck thread's stack
+    to the loop, which it leaves. A BaseException, so no ``except Exception``
+    on the way can swallow it."""
 
 
 class ActorState(StrEnum):
@@ -116,12 +123,33 @@ class AdvancementActor:
             elif self._state is ActorState.RUNNING:
                 self._state = ActorState.STOPPING
             observers, self._observers = self._observers, []
+            thread = self._thread
         for observer in observers:
             observer.settle(None, _stopped_error())
         self._wake.set()
-        thread = self._thread
         if thread is not None and thread is not threading.current_thread():
-            thread.join(timeout)
+            # The loop may move to another thread meanwhile (hand_over): its
+            # end, not one thread's, is what is waited for.
+            self._stopped.wait(timeout)
+
+    def in_loop_thread(self) -> bool:
+        """Whether the calling thread is the one running the loop now."""
+        return threading.current_thread() is self._thread
+
+    def hand_over(self, rest: Callable[[], bool]) -> None:
+        """Move the loop to a new thread while its thread is stuck in a step.
+
+        The new thread first runs ``rest`` (the remainder of the step in
+        flight; its result is the step's), then goes on with the loop. The
+        stuck thread must raise :class:`LoopHandedOver` once it gets control
+        back: it leaves the loop without touching it. Still one step in
+        flight: the stuck thread's step is the one ``rest`` completes."""
+        thread = threading.Thread(
+            target=self._loop, args=(rest,), name="dagwerk-actor", daemon=True
+        )
+        with self._lock:
+            self._thread = thread
+        thread.start()
 
     def wait_for_run(
         self,
@@ -225,13 +253,29 @@ class AdvancementActor:
         with self._lock:
             return self._background or bool(self._observers)
 
-    def _loop(self) -> None:
-        backoff = self._idle_min
+    def _loop(self, resume: Callable[[], bool] | None = None) -> None:
         try:
-            while self._state is ActorState.RUNNING:
+            self._serve(resume)
+        except LoopHandedOver:
+            return  # the loop goes on in the thread it was handed to
+        finally:
+            if self._thread is threading.current_thread():
+                with self._lock:
+                    self._state = ActorState.STOPPED
+                self._stopped.set()
+
+    def _serve(self, resume: Callable[[], bool] | None) -> None:
+        backoff = self._idle_min
+        while True:
+            if resume is not None:
+                # The step in flight, handed over (already counted).
+                step, resume = resume, None
+            else:
+                if self._state is not ActorState.RUNNING:
+                    return
                 self._settle_observers()
                 if self._state is not ActorState.RUNNING:
-                    break
+                    return
                 if not self._has_demand():
                     self._wake.clear()
                     # A stop between the state check and the clear would be
@@ -241,33 +285,34 @@ class AdvancementActor:
                     continue
                 self.steps_in_flight += 1
                 self.max_steps_in_flight = max(self.max_steps_in_flight, self.steps_in_flight)
-                began = time.monotonic()
-                failed = False
-                try:
-                    processed = self._step()
-                except Exception:
-                    self._log.exception("Worker step threw during run advancement.")
-                    processed, delay, failed = False, self._error_backoff, True
-                else:
-                    delay = backoff
-                finally:
+                step = self._step
+            began = time.monotonic()
+            failed = handed_over = False
+            try:
+                processed = step()
+            except LoopHandedOver:
+                handed_over = True
+                raise  # the step is not over: it goes on in another thread
+            except Exception:
+                self._log.exception("Worker step threw during run advancement.")
+                processed, delay, failed = False, self._error_backoff, True
+            else:
+                delay = backoff
+            finally:
+                if not handed_over:
                     self.steps_in_flight -= 1
-                if processed:
-                    backoff = self._idle_min
-                    continue
-                if not failed and 0 < self._step_waits <= time.monotonic() - began:
-                    backoff = self._idle_min
-                    continue  # the step waited for work: look again at once
-                self._settle_observers()
-                self._wake.clear()
-                if self._state is not ActorState.RUNNING:
-                    break
-                self._clock.wait(self._wake, delay)
-                backoff = min(backoff * 2, self._idle_max)
-        finally:
-            with self._lock:
-                self._state = ActorState.STOPPED
-            self._stopped.set()
+            if processed:
+                backoff = self._idle_min
+                continue
+            if not failed and 0 < self._step_waits <= time.monotonic() - began:
+                backoff = self._idle_min
+                continue  # the step waited for work: look again at once
+            self._settle_observers()
+            self._wake.clear()
+            if self._state is not ActorState.RUNNING:
+                return
+            self._clock.wait(self._wake, delay)
+            backoff = min(backoff * 2, self._idle_max)
 
 
 def _stopped_error() -> AdvancementWaitError:

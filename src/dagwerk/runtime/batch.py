@@ -33,6 +33,7 @@ from dagwerk.budgets import BudgetExhaustedError
 from dagwerk.completions import complete_attempts
 from dagwerk.constants import RunStatus
 from dagwerk.errors import DagwerkError
+from dagwerk.runtime.actor import LoopHandedOver
 from dagwerk.runtime.attempts import Attempt, BatchReads
 from dagwerk.runtime.budget_guard import check_output_limit
 from dagwerk.runtime.executors import AttemptJob, ExecutionOutcome, OutcomeKind, ThreadExecutor
@@ -110,12 +111,71 @@ def _run_claimed(worker: Worker, claimed: list[ClaimedDelivery]) -> None:
         worker.monitor.add(attempt)
     try:
         runnable = _still_running(worker, attempts)
-        outcomes = _execute_all(worker, runnable)
+        if _inlinable(worker, runnable):
+            outcomes = [_execute_inline(worker, runnable[0], attempts)]
+        else:
+            outcomes = _execute_all(worker, runnable)
+    except LoopHandedOver:
+        raise  # the rest of this batch was finished by the thread it went to
+    except BaseException:
+        _forget(worker, attempts)
+        raise
+    _finish(worker, runnable, outcomes, attempts)
+
+
+def _finish(
+    worker: Worker,
+    runnable: list[Attempt],
+    outcomes: list[ExecutionOutcome | Exception],
+    attempts: list[Attempt],
+) -> None:
+    try:
         _settle_all(worker, runnable, outcomes)
     finally:
-        for attempt in attempts:
-            worker.monitor.remove(attempt)
-            worker._unregister(attempt)
+        _forget(worker, attempts)
+
+
+def _forget(worker: Worker, attempts: list[Attempt]) -> None:
+    for attempt in attempts:
+        worker.monitor.remove(attempt)
+        worker._unregister(attempt)
+
+
+def _inlinable(worker: Worker, runnable: list[Attempt]) -> bool:
+    """A lone attempt of the built-in thread executor, in the actor's loop:
+    its plugin runs on the loop thread itself (``runtime/_inline.py``)."""
+    return (
+        len(runnable) == 1
+        and type(worker.executor) is ThreadExecutor
+        and worker.actor.in_loop_thread()
+    )
+
+
+def _execute_inline(
+    worker: Worker, attempt: Attempt, attempts: list[Attempt]
+) -> ExecutionOutcome | Exception:
+    try:
+        ctx = worker._start_attempt(attempt)
+    except Exception as exc:  # e.g. a failing secret resolver
+        return exc
+    entry = attempt.entry
+    job = AttemptJob(attempt.spec.fn, attempt.inputs, ctx, attempt.timeout, entry.signal)
+
+    def finish_elsewhere(outcome: ExecutionOutcome) -> None:
+        # Settled (timeout, abort) while the plugin still runs on this
+        # thread: the batch and the loop go on in another one.
+        def rest() -> bool:
+            entry.finish()
+            _finish(worker, [attempt], [outcome], attempts)
+            worker._step_finished()
+            return True
+
+        worker.actor.hand_over(rest)
+
+    try:
+        return worker.inline.run(job, finish_elsewhere)
+    finally:
+        entry.finish()
 
 
 def _failed_in_worker(worker: Worker, claim: ClaimedDelivery, exc: Exception) -> None:

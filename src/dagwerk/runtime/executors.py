@@ -146,7 +146,7 @@ class _Waker(Protocol):
     def set(self) -> None: ...
 
 
-class _Settlement:
+class Settlement:
     """First claim wins; later claims are discarded."""
 
     def __init__(self, wake: _Waker) -> None:
@@ -171,12 +171,14 @@ def _outcome_of_call(fn: Callable[[], Any], task_id: str) -> ExecutionOutcome:
         return ExecutionOutcome(OutcomeKind.WAIT, wait_id=wait.wait_id)
     except TaskCancelled as exc:
         return ExecutionOutcome(OutcomeKind.CANCELLED, error=exc)
-    except Exception as exc:  # a plugin error is a task failure, never a worker error
+    except BaseException as exc:
+        # A plugin error is a task failure, never a worker error; SystemExit
+        # too: it would end the plugin's thread with the attempt unsettled.
         return ExecutionOutcome(OutcomeKind.ERROR, error=exc)
 
 
 def _await_settlement(
-    settlement: _Settlement,
+    settlement: Settlement,
     signal: AttemptSignal,
     timeout: float | None,
     clock: Clock,
@@ -205,11 +207,11 @@ def _await_settlement(
     return settlement.outcome or outcome
 
 
-def _cancelled(reason: str) -> ExecutionOutcome:
+def cancelled_outcome(reason: str) -> ExecutionOutcome:
     return ExecutionOutcome(OutcomeKind.CANCELLED, detail=reason)
 
 
-def _pre_aborted(signal: AttemptSignal) -> ExecutionOutcome | None:
+def pre_aborted(signal: AttemptSignal) -> ExecutionOutcome | None:
     if signal.abort.is_set():
         return ExecutionOutcome(OutcomeKind.CANCELLED, detail=signal.reason or "aborted")
     return None
@@ -228,11 +230,11 @@ class ThreadExecutor:
         signal: AttemptSignal,
         clock: Clock,
     ) -> ExecutionOutcome:
-        early = _pre_aborted(signal)
+        early = pre_aborted(signal)
         if early is not None:
             return early
-        settlement = _Settlement(signal.wake)
-        signal.bind(lambda reason: settlement.claim(_cancelled(reason)))
+        settlement = Settlement(signal.wake)
+        signal.bind(lambda reason: settlement.claim(cancelled_outcome(reason)))
 
         def call() -> Any:
             result = fn(inputs, ctx)
@@ -257,11 +259,11 @@ class ThreadExecutor:
         Outcomes in job order."""
         wake = threading.Event()
         countdown = _Countdown(len(jobs), wake)
-        settlements: list[_Settlement] = []
+        settlements: list[Settlement] = []
         for job in jobs:
-            settlement = _Settlement(countdown)
+            settlement = Settlement(countdown)
             settlements.append(settlement)
-            early = _pre_aborted(job.signal)
+            early = pre_aborted(job.signal)
             if early is not None:
                 settlement.claim(early)
                 continue
@@ -271,8 +273,8 @@ class ThreadExecutor:
             settlements,
             wake,
             clock=clock,
-            call=_call_job,
-            timeout_outcome=_timeout_outcome,
+            call=call_job,
+            timeout_outcome=timeout_outcome,
         )
         outcomes: list[ExecutionOutcome] = []
         for job, settlement in zip(jobs, settlements, strict=True):
@@ -301,11 +303,11 @@ class _Countdown:
             self._event.set()
 
 
-def _timeout_outcome(timeout: float | None) -> ExecutionOutcome:
+def timeout_outcome(timeout: float | None) -> ExecutionOutcome:
     return ExecutionOutcome(OutcomeKind.TIMEOUT, detail=f"timeout {timeout}s")
 
 
-def _call_job(job: AttemptJob) -> ExecutionOutcome:
+def call_job(job: AttemptJob) -> ExecutionOutcome:
     def call() -> Any:
         result = job.fn(job.inputs, job.ctx)
         if inspect.isawaitable(result):
@@ -326,8 +328,8 @@ class AttemptJob:
     signal: AttemptSignal
 
 
-def _claim_cancelled(settlement: _Settlement) -> Callable[[str], object]:
-    return lambda reason: settlement.claim(_cancelled(reason))
+def _claim_cancelled(settlement: Settlement) -> Callable[[str], object]:
+    return lambda reason: settlement.claim(cancelled_outcome(reason))
 
 
 async def _as_coroutine(awaitable: Any) -> Any:
@@ -347,11 +349,11 @@ class AsyncExecutor:
         signal: AttemptSignal,
         clock: Clock,
     ) -> ExecutionOutcome:
-        early = _pre_aborted(signal)
+        early = pre_aborted(signal)
         if early is not None:
             return early
-        settlement = _Settlement(signal.wake)
-        signal.bind(lambda reason: settlement.claim(_cancelled(reason)))
+        settlement = Settlement(signal.wake)
+        signal.bind(lambda reason: settlement.claim(cancelled_outcome(reason)))
         loop_ready = threading.Event()
         handles: dict[str, Any] = {}
 
@@ -476,11 +478,11 @@ class ProcessExecutor:
         signal: AttemptSignal,
         clock: Clock,
     ) -> ExecutionOutcome:
-        early = _pre_aborted(signal)
+        early = pre_aborted(signal)
         if early is not None:
             return early
-        settlement = _Settlement(signal.wake)
-        signal.bind(lambda reason: settlement.claim(_cancelled(reason)))
+        settlement = Settlement(signal.wake)
+        signal.bind(lambda reason: settlement.claim(cancelled_outcome(reason)))
         parent_conn, child_conn = self._ctx.Pipe(duplex=False)
         child_abort = self._ctx.Event()
         child_ctx = dataclasses.replace(

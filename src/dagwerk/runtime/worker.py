@@ -51,6 +51,7 @@ from dagwerk.orchestrator import (
     on_task_failed,
     settle_crashed_task,
 )
+from dagwerk.runtime._inline import InlineRunner
 from dagwerk.runtime._threads import spawn
 from dagwerk.runtime.actor import AdvancementActor
 from dagwerk.runtime.attempts import LINKS_KEPT, Attempt, BatchReads, Running
@@ -249,6 +250,8 @@ class Worker:
         self._pool = ThreadPoolExecutor(max_workers=concurrency, thread_name_prefix="dagwerk-w")
         self._running: dict[str, Running] = {}
         self.monitor = AttemptMonitor(self)
+        # Runs a batch's lone attempt on the actor's loop thread (batch.py).
+        self.inline = InlineRunner(self.clock)
         self._running_lock = threading.Lock()
         # The latest reports only: a long-lived worker must not grow with
         # every delivery it ever handled.
@@ -285,6 +288,7 @@ class Worker:
         self.actor.stop(timeout)
         self._release_claimed_ahead()
         self.monitor.stop()
+        self.inline.stop()
         self._pool.shutdown(wait=True)
 
     def _take_claimed_ahead(self) -> list[ClaimedDelivery]:
@@ -323,8 +327,11 @@ class Worker:
         if self.backstop is not None:
             self.backstop.maybe_run()
         handled = self.process_once(self.idle_wait) > 0
-        notify(self.observers, "step_finished")
+        self._step_finished()
         return handled
+
+    def _step_finished(self) -> None:
+        notify(self.observers, "step_finished")
 
     def _read_status(self, run_id: str) -> RunStatus | None:
         status: RunStatus | None = self.store.get_run_status(run_id)
