@@ -204,19 +204,37 @@ def diagnose_run(
 
 
 def _topological(deps: Sequence[tuple[int, ...]]) -> list[int]:
-    """Indices with every dependency first (cycles, which validation rejects,
-    fall back to index order)."""
+    """Indices with every dependency first, in rounds: each round is every
+    node whose dependencies are all placed, in index order (cycles and
+    unknown dependencies, which validation rejects, fall back to the lowest
+    unplaced index). Linear in nodes and edges: it once rescanned every
+    unplaced node per round, which is quadratic for a chain."""
+    count = len(deps)
+    unplaced_deps = [len(set(found)) for found in deps]
+    dependents: list[list[int]] = [[] for _ in range(count)]
+    for index, found in enumerate(deps):
+        for dependency in set(found):
+            if type(dependency) is int and 0 <= dependency < count:
+                dependents[dependency].append(index)
+    placed = [False] * count
     order: list[int] = []
-    placed: set[int] = set()
-    remaining = list(range(len(deps)))
-    while remaining:
-        progress = [i for i in remaining if all(d in placed for d in deps[i])]
-        if not progress:
-            progress = remaining[:1]
-        for index in progress:
-            placed.add(index)
+    ready = [index for index in range(count) if unplaced_deps[index] == 0]
+    lowest = 0
+    while len(order) < count:
+        if not ready:
+            while placed[lowest]:
+                lowest += 1
+            ready = [lowest]
+        freed: list[int] = []
+        for index in ready:
+            placed[index] = True
             order.append(index)
-        remaining = [i for i in remaining if i not in placed]
+        for index in ready:
+            for dependent in dependents[index]:
+                unplaced_deps[dependent] -= 1
+                if unplaced_deps[dependent] == 0 and not placed[dependent]:
+                    freed.append(dependent)
+        ready = sorted(freed)
     return order
 
 
