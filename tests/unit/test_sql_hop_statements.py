@@ -12,6 +12,7 @@ import pytest
 
 from dagwerk.backends.sqlite import SqliteStore
 from dagwerk.backends.sqlite import gateway as sqlite_gateway
+from dagwerk.constants import LaunchCreateStatus, NodeDisposition
 from dagwerk.execution import claim_task
 from dagwerk.frontier import reconcile_after_completion
 from dagwerk.models import EmittedOutput
@@ -109,3 +110,78 @@ def test_run_activity_reads_in_three_statements(tmp_path: Path, statements: Coun
         assert activity.failed_launches == () and activity.crashed_tasks == ()
     finally:
         store.close()
+
+
+def test_a_claim_inside_a_writing_unit_looks_at_the_queue_once(
+    tmp_path: Path, statements: Counter[str]
+) -> None:
+    """Outside a unit, an empty queue is seen by a read before the write lock
+    is taken; a unit that already writes holds that lock, so its claim (the
+    worker's claim ahead) goes straight to the leasing transaction."""
+    store = SqliteStore(f"sqlite:///{tmp_path / 'claim.db'}")
+    try:
+        new_run(store, chain(2))
+        statements.clear()
+        assert store.claim_deliveries("w1", limit=4, lease_seconds=30.0) != []
+        assert statements["queue_candidates"] == 2  # the look, then the lease
+        new_run(store, chain(2), "run-2")
+        with store.unit_of_work():
+            assert store.create_run("run-3", chain(1))  # the unit's first write
+            statements.clear()
+            claimed = store.claim_deliveries("w1", limit=4, lease_seconds=30.0)
+        assert [c.delivery.run_id for c in claimed] == ["run-2"]
+        assert statements["queue_candidates"] == 1
+    finally:
+        store.close()
+
+
+def _unit_hop_statements(
+    tmp_path: Path, statements: Counter[str], *, write_between: bool
+) -> tuple[Counter[str], object]:
+    """Inside a unit of work that has written: snapshot node 2 of a chain,
+    optionally write something that changes node 2's token, then launch."""
+    store = SqliteStore(f"sqlite:///{tmp_path / f'unit-{write_between}.db'}")
+    try:
+        log = new_run(store, chain(4))
+        _hop(store, log, 0)
+        reconcile_after_completion(store, "run-1", [0], callbacks=log.callbacks)
+        _hop(store, log, 1)  # node 2 is ready, not launched
+        nodes = store.get_run_nodes("run-1")
+        assert nodes is not None
+        with store.unit_of_work():
+            assert store.create_run("run-2", chain(1))  # the unit's first write
+            snapshot = store.get_planning_snapshot(
+                "run-1",
+                2,
+                {"in": 1},
+                max_outputs_per_edge=100,
+                max_outputs_total=100,
+                max_routing_bytes=10_000,
+            )
+            if write_between:
+                with store._gw.write() as tx:
+                    tx.run("node_bump", {"run_id": "run-1", "node_index": 1})
+            statements.clear()
+            result = store.try_create_node_launch(
+                "run-1", 2, nodes[2].plugin, snapshot.token, (), NodeDisposition.SKIPPED
+            )
+        return Counter(statements), result.status
+    finally:
+        store.close()
+
+
+def test_a_launch_right_after_its_snapshot_in_a_unit_reads_neither_again(
+    tmp_path: Path, statements: Counter[str]
+) -> None:
+    found, status = _unit_hop_statements(tmp_path, statements, write_between=False)
+    assert status is LaunchCreateStatus.CREATED
+    assert found["run_head"] == 0 and found["nodes_of_indices"] == 0, found
+
+
+def test_a_write_between_snapshot_and_launch_makes_the_launch_read_again(
+    tmp_path: Path, statements: Counter[str]
+) -> None:
+    found, status = _unit_hop_statements(tmp_path, statements, write_between=True)
+    # The source's revision moved: the token is stale (OR-19).
+    assert status is LaunchCreateStatus.STALE
+    assert found["run_head"] == 1 and found["nodes_of_indices"] == 1, found

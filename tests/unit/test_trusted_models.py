@@ -9,9 +9,11 @@ import pytest
 from pydantic import BaseModel
 
 from dagwerk._trusted import trusted_model
-from dagwerk.constants import InputRole
+from dagwerk.constants import InputRole, LaunchCreateStatus, NodeDisposition
 from dagwerk.json import FrozenDict
 from dagwerk.models import (
+    LaunchCreateResult,
+    NodeLaunch,
     OutputRef,
     PlannedEdgeInput,
     ResolvedOutput,
@@ -40,8 +42,21 @@ _PLAN = {
     "correlation_id": "c1",
 }
 
+_LAUNCH = NodeLaunch(
+    id="r:launch:1:0",
+    run_id="r",
+    node_index=1,
+    plugin_name="p",
+    generation=0,
+    disposition=NodeDisposition.LAUNCHED,
+    task_ids=("r:1:0:0",),
+    complete=False,
+)
+_CREATED = {"status": LaunchCreateStatus.CREATED, "launch": _LAUNCH}
+
 CASES: list[tuple[type[BaseModel], dict[str, Any]]] = [
     (OutputRef, _REF),
+    (LaunchCreateResult, _CREATED),
     (ResolvedOutput, _RESOLVED),
     (PlannedEdgeInput, _EDGE),
     (TaskInputPlan, _PLAN),

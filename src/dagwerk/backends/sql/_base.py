@@ -106,6 +106,10 @@ class SqlStoreBase:
         self._run_routes: FifoCache[str, tuple[str, int]] = FifoCache()
         self._topologies: FifoCache[str, RunTopology] = FifoCache()
         self._policies: FifoCache[str, FailurePolicy] = FifoCache()
+        # The last planning snapshot read inside a unit of work's write
+        # transaction, with the gateway's write mark then: the launch that
+        # follows it in the same transaction reuses its reads.
+        self._fresh_snapshot: tuple[object, str, Row, int] | None = None
         # Started runs without budget accounts (they never get any later).
         self._unbudgeted: FifoCache[str, bool] = FifoCache()
         # Tasks this process's dequeues crashed by dead-lettering (drained by
@@ -128,6 +132,11 @@ class SqlStoreBase:
 
     def _now(self) -> float:
         return float(self._clock())
+
+    def _write_mark(self) -> object:
+        """The gateway's write mark (SQLite's units of work), else ``None``."""
+        mark = getattr(self._gw, "write_mark", None)
+        return None if mark is None else mark()
 
     # -- run definition ---------------------------------------------------------
 

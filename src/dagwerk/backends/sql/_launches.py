@@ -165,6 +165,11 @@ class LaunchesMixin(SqlStoreBase):
                             break
                 outputs_by_edge[name] = tuple(edge)
             token, generation = self._token_and_generation(tx, run, node_index)
+            mark = self._write_mark()
+            if mark is not None:
+                # Read inside a unit's write transaction: until the unit's
+                # next write this is what a launch would read again.
+                self._fresh_snapshot = (mark, token, run, generation)
             return PlanningSnapshot.model_construct(
                 token=token,
                 generation=generation,
@@ -184,8 +189,16 @@ class LaunchesMixin(SqlStoreBase):
         error: str = "",
     ) -> LaunchCreateResult:
         plans = tuple(plans)
+        fresh = self._fresh_snapshot
         with self._gw.write() as tx:
-            run = self._run_head(tx, run_id)
+            run: Row | None
+            if fresh is not None and fresh[1] == snapshot_token and fresh[0] == self._write_mark():
+                # The snapshot was read in this transaction with no write
+                # since: its run row, token and generation are still current.
+                _, token, run, generation = fresh
+            else:
+                run = self._run_head(tx, run_id)
+                token, generation = "", -1
             if run is None or run["status"] != RunStatus.RUNNING.value:
                 return _STALE
             self._validate_launch(
@@ -197,7 +210,8 @@ class LaunchesMixin(SqlStoreBase):
                 zero=zero_task_disposition,
                 error=error,
             )
-            token, generation = self._token_and_generation(tx, run, node_index)
+            if generation < 0:
+                token, generation = self._token_and_generation(tx, run, node_index)
             # OR-19: a stale token wins over an existing launch.
             if snapshot_token != token:
                 return _STALE
@@ -275,9 +289,9 @@ class LaunchesMixin(SqlStoreBase):
                 "task_count": len(plans),
                 "completed": 0,
             }
-            return LaunchCreateResult(
-                status=LaunchCreateStatus.CREATED,
-                launch=self._launch_view(tx, written, tuple(str(row["task_id"]) for row in rows)),
+            view = self._launch_view(tx, written, tuple(str(row["task_id"]) for row in rows))
+            return trusted_model(
+                LaunchCreateResult, {"status": LaunchCreateStatus.CREATED, "launch": view}
             )
 
     def _validate_launch(

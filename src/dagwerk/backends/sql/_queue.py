@@ -111,11 +111,13 @@ class QueueMixin(SqlStoreBase):
         # of that run holds the run row while it deletes queue rows. Taking
         # the run row while holding queue rows could deadlock with it.
         spent: dict[str, Row] = {}
-        if getattr(self._gw, "serialises_writers", False):
+        serialised = getattr(self._gw, "serialises_writers", False)
+        if serialised and not self._gw.holds_write_lock():  # type: ignore[attr-defined]
             # One database-wide write lock (SQLite): an idle worker's poll
             # must not take it just to find nothing, since every other
             # writer would wait for that empty transaction. A read never
-            # waits for writers, so an empty queue is seen without it.
+            # waits for writers, so an empty queue is seen without it (and
+            # a unit of work that holds the lock already needs no look).
             with self._gw.read() as tx:
                 if not tx.all(
                     "queue_candidates", {"now": self._now(), "queues": queue_filter, "limit": 1}

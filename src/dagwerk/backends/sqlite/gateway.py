@@ -204,6 +204,10 @@ class SqliteGateway:
         # the block's first write on) and what closes that transaction.
         self._unit_owner: int | None = None
         self._unit_tx: _Tx | None = None
+        # Write transactions begun by units, and joined writes that ended in
+        # the current one: what write_mark() tells apart.
+        self._units_begun = 0
+        self._unit_writes = 0
         self._unit_stack: ExitStack | None = None
 
     def work_epoch(self) -> int:
@@ -399,6 +403,20 @@ class SqliteGateway:
             return self._joined(begin)
         return self._own_transaction(begin)
 
+    def holds_write_lock(self) -> bool:
+        """Whether the calling thread's unit of work has begun its write
+        transaction (so a write now waits for nothing)."""
+        return self._unit_owner == threading.get_ident() and self._unit_tx is not None
+
+    def write_mark(self) -> tuple[int, int] | None:
+        """Inside the calling thread's unit of work, once its write
+        transaction has begun: a mark that a later call returns again only
+        while no write of the unit has ended in between (so whatever was read
+        in between is still what the database holds). ``None`` elsewhere."""
+        if not self.holds_write_lock():
+            return None
+        return self._units_begun, self._unit_writes
+
     @contextmanager
     def unit(self) -> Iterator[None]:
         """One write transaction for every transaction this thread opens on
@@ -438,6 +456,8 @@ class SqliteGateway:
             stack = self._unit_stack
             assert stack is not None
             tx = self._unit_tx = stack.enter_context(self._own_transaction("BEGIN IMMEDIATE"))
+            self._units_begun += 1
+            self._unit_writes = 0
         if begin != "BEGIN IMMEDIATE":
             yield tx
             return
@@ -454,6 +474,8 @@ class SqliteGateway:
                 conn.execute("ROLLBACK TO dagwerk_call")
                 conn.execute("RELEASE dagwerk_call")
             raise
+        finally:
+            self._unit_writes += 1
         try:
             conn.execute("RELEASE dagwerk_call")
         except sqlite3.Error as exc:
