@@ -12,11 +12,12 @@ import pytest
 
 from dagwerk.backends.sqlite import SqliteStore
 from dagwerk.backends.sqlite import gateway as sqlite_gateway
-from dagwerk.constants import LaunchCreateStatus, NodeDisposition
+from dagwerk.constants import InputMode, InputRole, LaunchCreateStatus, NodeDisposition
 from dagwerk.execution import claim_task
 from dagwerk.frontier import reconcile_after_completion
-from dagwerk.models import EmittedOutput
-from dagwerk.testing.helpers import CallbackLog, chain, new_run, only_task
+from dagwerk.models import EmittedOutput, PlannedEdgeInput, TaskInputPlan
+from dagwerk.store import InvalidStoreValueError
+from dagwerk.testing.helpers import CallbackLog, chain, child, new_run, only_task, root
 
 # Blocks that read every node or launch of a run, or the run's definitions.
 _WHOLE_RUN_READS = {"nodes_of_run", "launches_active", "launch_task_ids_of_run", "run_get"}
@@ -185,3 +186,72 @@ def test_a_write_between_snapshot_and_launch_makes_the_launch_read_again(
     # The source's revision moved: the token is stale (OR-19).
     assert status is LaunchCreateStatus.STALE
     assert found["run_head"] == 1 and found["nodes_of_indices"] == 1, found
+
+
+def test_a_reconcile_inside_a_writing_unit_reads_each_thing_once(
+    tmp_path: Path, statements: Counter[str]
+) -> None:
+    """The worker's hop: the launch reuses its snapshot's run row, token and
+    outputs (no write came between), instead of reading them again."""
+    store = SqliteStore(f"sqlite:///{tmp_path / 'unit-reconcile.db'}")
+    try:
+        log = new_run(store, chain(4))
+        _hop(store, log, 0)
+        reconcile_after_completion(store, "run-1", [0], callbacks=log.callbacks)
+        with store.unit_of_work():
+            _hop(store, log, 1)  # the completion: the unit's first write
+            statements.clear()
+            reconcile_after_completion(store, "run-1", [1], callbacks=log.callbacks)
+        assert 2 in store.list_node_launches("run-1")
+    finally:
+        store.close()
+    assert statements["run_head"] == 1, statements
+    assert statements["nodes_of_indices"] == 1, statements
+    assert statements["outputs_valid_by_ids"] == 0, statements
+
+
+def test_a_plan_naming_outputs_beyond_its_snapshot_is_checked_against_the_table(
+    tmp_path: Path, statements: Counter[str]
+) -> None:
+    store = SqliteStore(f"sqlite:///{tmp_path / 'unit-beyond.db'}")
+    try:
+        new_run(store, [root("n0"), child("n1", "n0", mode=InputMode.ALL)])
+        record = only_task(store, "run-1", 0)
+        won = claim_task(
+            store,
+            record.task_id,
+            expected_attempt_id=record.attempt_id,
+            expected_generation=record.generation,
+        )
+        assert won is not None
+        outputs = tuple(EmittedOutput(id=f"o{n}", fields={"n": n}) for n in range(3))
+        assert store.try_complete_task(record.task_id, outputs, expected_attempt_id=won.attempt_id)
+        for unit, named in (("run-2", "o9"), ("run-3", "o2")):
+            with store.unit_of_work():
+                assert store.create_run(unit, chain(1))  # the unit's first write
+                snapshot = store.get_planning_snapshot(
+                    "run-1",
+                    1,
+                    {"n0": 0},
+                    max_outputs_per_edge=1,  # reads o0 and o1 (the overflow signal)
+                    max_outputs_total=100,
+                    max_routing_bytes=10_000,
+                )
+                edge = PlannedEdgeInput(
+                    edge="n0", source_index=0, role=InputRole.MAIN, output_ids=(named,)
+                )
+                plan = TaskInputPlan(generation=snapshot.generation, edges=(edge,))
+                statements.clear()
+                if named == "o9":  # published nowhere
+                    with pytest.raises(InvalidStoreValueError, match="has not published"):
+                        store.try_create_node_launch(
+                            "run-1", 1, "n1", snapshot.token, (plan,), None
+                        )
+                else:  # published, but beyond what the snapshot read
+                    result = store.try_create_node_launch(
+                        "run-1", 1, "n1", snapshot.token, (plan,), None
+                    )
+                    assert result.status is LaunchCreateStatus.CREATED
+                assert statements["outputs_valid_by_ids"] == 1
+    finally:
+        store.close()

@@ -42,20 +42,22 @@ _PLAN = {
     "correlation_id": "c1",
 }
 
-_LAUNCH = NodeLaunch(
-    id="r:launch:1:0",
-    run_id="r",
-    node_index=1,
-    plugin_name="p",
-    generation=0,
-    disposition=NodeDisposition.LAUNCHED,
-    task_ids=("r:1:0:0",),
-    complete=False,
-)
-_CREATED = {"status": LaunchCreateStatus.CREATED, "launch": _LAUNCH}
+_LAUNCH_FIELDS = {
+    "id": "r:launch:1:0",
+    "run_id": "r",
+    "node_index": 1,
+    "plugin_name": "p",
+    "generation": 0,
+    "disposition": NodeDisposition.LAUNCHED,
+    "task_ids": ("r:1:0:0",),
+    "complete": False,
+    "error": "",
+}
+_CREATED = {"status": LaunchCreateStatus.CREATED, "launch": NodeLaunch(**_LAUNCH_FIELDS)}
 
 CASES: list[tuple[type[BaseModel], dict[str, Any]]] = [
     (OutputRef, _REF),
+    (NodeLaunch, _LAUNCH_FIELDS),
     (LaunchCreateResult, _CREATED),
     (ResolvedOutput, _RESOLVED),
     (PlannedEdgeInput, _EDGE),

@@ -109,7 +109,7 @@ class SqlStoreBase:
         # The last planning snapshot read inside a unit of work's write
         # transaction, with the gateway's write mark then: the launch that
         # follows it in the same transaction reuses its reads.
-        self._fresh_snapshot: tuple[object, str, Row, int] | None = None
+        self._fresh_snapshot: tuple[object, str, Row, int, dict[str, int]] | None = None
         # Started runs without budget accounts (they never get any later).
         self._unbudgeted: FifoCache[str, bool] = FifoCache()
         # Tasks this process's dequeues crashed by dead-lettering (drained by

@@ -46,16 +46,19 @@ class LaunchesMixin(SqlStoreBase):
         )
         # The row was written from a validated launch (try_create_node_launch),
         # so it is rebuilt without re-running the validators on every read.
-        return NodeLaunch.model_construct(
-            id=launch["launch_id"],
-            run_id=launch["run_id"],
-            node_index=launch["node_index"],
-            plugin_name=launch["plugin"],
-            generation=launch["generation"],
-            disposition=NodeDisposition(launch["disposition"]),
-            task_ids=task_ids,
-            complete=complete,
-            error=launch["error"],
+        return trusted_model(
+            NodeLaunch,
+            {
+                "id": launch["launch_id"],
+                "run_id": launch["run_id"],
+                "node_index": launch["node_index"],
+                "plugin_name": launch["plugin"],
+                "generation": launch["generation"],
+                "disposition": NodeDisposition(launch["disposition"]),
+                "task_ids": task_ids,
+                "complete": complete,
+                "error": launch["error"],
+            },
         )
 
     def _run_head(self, tx: Tx, run_id: str) -> Row | None:
@@ -119,6 +122,7 @@ class LaunchesMixin(SqlStoreBase):
                 )
             }
             outputs_by_edge: dict[str, tuple[OutputRef, ...]] = {}
+            published: dict[str, int] = {}  # every valid output read: its node
             dispositions: dict[str, NodeDisposition] = {}
             total = 0
             size = 0
@@ -144,6 +148,7 @@ class LaunchesMixin(SqlStoreBase):
                         },
                     )
                     for row in rows:
+                        published[row["output_id"]] = source
                         if len(edge) > per_edge or total > total_limit:
                             break
                         edge.append(
@@ -169,7 +174,7 @@ class LaunchesMixin(SqlStoreBase):
             if mark is not None:
                 # Read inside a unit's write transaction: until the unit's
                 # next write this is what a launch would read again.
-                self._fresh_snapshot = (mark, token, run, generation)
+                self._fresh_snapshot = (mark, token, run, generation, published)
             return PlanningSnapshot.model_construct(
                 token=token,
                 generation=generation,
@@ -192,10 +197,12 @@ class LaunchesMixin(SqlStoreBase):
         fresh = self._fresh_snapshot
         with self._gw.write() as tx:
             run: Row | None
+            published: Mapping[str, int] = {}
             if fresh is not None and fresh[1] == snapshot_token and fresh[0] == self._write_mark():
                 # The snapshot was read in this transaction with no write
-                # since: its run row, token and generation are still current.
-                _, token, run, generation = fresh
+                # since: its run row, token, generation and the outputs it
+                # read are still what the database holds.
+                _, token, run, generation, published = fresh
             else:
                 run = self._run_head(tx, run_id)
                 token, generation = "", -1
@@ -224,7 +231,7 @@ class LaunchesMixin(SqlStoreBase):
                     launch=self._launch_view(tx, existing),
                 )
             # Plan contents are checked against the state the fresh token covers.
-            self._validate_plans(tx, run, node_index, generation, plans)
+            self._validate_plans(tx, run, node_index, generation, plans, known=published)
             launch_id = f"{run_id}:launch:{node_index}:{generation}"
             disposition = NodeDisposition.LAUNCHED if plans else zero_task_disposition
             assert disposition is not None  # checked by _validate_launch
@@ -351,7 +358,12 @@ class LaunchesMixin(SqlStoreBase):
         node_index: int,
         generation: int,
         plans: tuple[TaskInputPlan, ...],
+        *,
+        known: Mapping[str, int],
     ) -> None:
+        """Check the plans against the node's edges and generation and the
+        outputs they name; ``known`` maps output IDs to their node for
+        outputs already read in this transaction with no write since."""
         topology = self._topology(run)
         node = topology.nodes[node_index]
         edge_sources = topology.source_indices(node_index)
@@ -364,13 +376,15 @@ class LaunchesMixin(SqlStoreBase):
             for planned in plan.edges:
                 wanted.update(planned.output_ids)
         # One query for every referenced output, not one per plan.
-        published: dict[str, int] = {}
-        if wanted:
-            for row in tx.all(
-                "outputs_valid_by_ids",
-                {"run_id": run["run_id"], "ids": json.dumps(sorted(wanted))},
-            ):
-                published[row["output_id"]] = row["node_index"]
+        published = known
+        if not wanted <= known.keys():
+            published = {
+                row["output_id"]: row["node_index"]
+                for row in tx.all(
+                    "outputs_valid_by_ids",
+                    {"run_id": run["run_id"], "ids": json.dumps(sorted(wanted))},
+                )
+            }
         for position, plan in enumerate(plans):
             if plan.generation != generation:
                 raise InvalidStoreValueError(
