@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import contextvars
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -55,6 +55,18 @@ def _worker(store: SqliteStore, plugins: PluginRegistry, tmp_path: Path) -> Work
 
 def _actor_threads() -> list[threading.Thread]:
     return [t for t in threading.enumerate() if t.name == "dagwerk-actor" and t.is_alive()]
+
+
+def _deaf() -> tuple[threading.Event, threading.Event, Callable[[TaskInputs, TaskContext], object]]:
+    """A plugin that ignores its abort until released, and its two events."""
+    entered, release = threading.Event(), threading.Event()
+
+    def deaf(inputs: TaskInputs, ctx: TaskContext) -> object:
+        entered.set()
+        release.wait(WAIT)
+        return {"late": True}
+
+    return entered, release, deaf
 
 
 def test_each_step_of_a_chain_runs_on_the_loop_thread(tmp_path: Path) -> None:
@@ -129,13 +141,7 @@ def test_a_hung_lone_attempt_times_out_and_the_worker_moves_on(
 def test_cancelling_a_run_whose_lone_attempt_ignores_its_abort(
     tmp_path: Path, escaped: list[BaseException | None]
 ) -> None:
-    entered, release = threading.Event(), threading.Event()
-
-    def deaf(inputs: TaskInputs, ctx: TaskContext) -> object:
-        entered.set()
-        release.wait(WAIT)
-        return {"late": True}
-
+    entered, release, deaf = _deaf()
     plugins = PluginRegistry({"deaf": deaf, "quick": lambda i, c: {"ok": True}})
     store = SqliteStore(str(tmp_path / "dag.db"))
     worker = _worker(store, plugins, tmp_path)
@@ -162,13 +168,7 @@ def test_cancelling_a_run_whose_lone_attempt_ignores_its_abort(
 def test_stop_releases_a_lone_attempt_that_ignores_its_abort(
     tmp_path: Path, escaped: list[BaseException | None]
 ) -> None:
-    entered, release = threading.Event(), threading.Event()
-
-    def deaf(inputs: TaskInputs, ctx: TaskContext) -> object:
-        entered.set()
-        release.wait(WAIT)
-        return {"late": True}
-
+    entered, release, deaf = _deaf()
     store = SqliteStore(str(tmp_path / "dag.db"))
     worker = _worker(store, PluginRegistry({"deaf": deaf}), tmp_path)
     _start(store, "deaf", [DagNode(slug="d", plugin="deaf")])

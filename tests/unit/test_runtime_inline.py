@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import contextvars
 import threading
-from pathlib import Path
+
+from test_runtime_batch_exec import _job  # type: ignore[import-not-found]
 
 from dagwerk.models import TaskInputs
 from dagwerk.runtime._inline import InlineRunner
@@ -14,30 +15,12 @@ from dagwerk.runtime.clock import FakeClock, SystemClock
 from dagwerk.runtime.context import TaskContext
 from dagwerk.runtime.executors import (
     AttemptJob,
-    AttemptSignal,
     ExecutionOutcome,
     OutcomeKind,
 )
-from dagwerk.runtime.plugins import PluginFn
 from dagwerk.testing.waits import wait_until
 
 WAIT = 10.0
-
-
-def _job(fn: PluginFn, timeout: float | None = None) -> AttemptJob:
-    signal = AttemptSignal()
-    ctx = TaskContext(
-        run_id="r",
-        task_id="t",
-        node_index=0,
-        generation=0,
-        attempt_id="a",
-        attempt=1,
-        plugin="p",
-        execution_root=Path("/tmp"),
-        cancelled=signal.abort,
-    )
-    return AttemptJob(fn, TaskInputs(edges={}, parameters={}), ctx, timeout, signal)
 
 
 def _never(outcome: ExecutionOutcome) -> None:
@@ -79,7 +62,7 @@ def test_the_plugin_runs_on_the_calling_thread_and_needs_no_other() -> None:
 
     runner = InlineRunner(SystemClock())
     before = _supervisors()
-    outcome = runner.run(_job(plugin), _never)
+    outcome = runner.run(_job(plugin, 0), _never)
     assert outcome.kind is OutcomeKind.OK and outcome.outputs[0].fields == {"ok": True}
     assert threads == [threading.current_thread()]
     # Neither a timeout nor an abort: no supervisor thread was woken or made.
@@ -99,7 +82,7 @@ def test_a_timeout_settles_first_then_aborts_and_hands_the_rest_over() -> None:
         return {"late": True}
 
     runner = InlineRunner(clock)
-    job = _job(hang, timeout=5.0)
+    job = _job(hang, 0, timeout=5.0)
     stuck = _Stuck(runner, job)
     assert entered.wait(WAIT)
     assert clock.wait_for_waiters(1)  # the supervisor keeps the deadline
@@ -128,7 +111,7 @@ def test_an_abort_while_running_settles_as_cancelled_and_hands_over() -> None:
         return {"late": True}
 
     runner = InlineRunner(SystemClock())
-    job = _job(hang)
+    job = _job(hang, 0)
     stuck = _Stuck(runner, job)
     assert entered.wait(WAIT)
     job.signal.fire("run is CANCELLED")
@@ -144,7 +127,7 @@ def test_an_abort_while_running_settles_as_cancelled_and_hands_over() -> None:
 def test_a_result_before_the_deadline_wins_and_nothing_is_handed_over() -> None:
     clock = FakeClock()
     runner = InlineRunner(clock)
-    outcome = runner.run(_job(lambda i, c: {"n": 1}, timeout=5.0), _never)
+    outcome = runner.run(_job(lambda i, c: {"n": 1}, 0, timeout=5.0), _never)
     assert outcome.kind is OutcomeKind.OK
     clock.advance(10.0)  # the deadline passes with nothing in the supervisor's care
     runner.stop()
@@ -153,7 +136,7 @@ def test_a_result_before_the_deadline_wins_and_nothing_is_handed_over() -> None:
 
 def test_a_pre_aborted_attempt_never_enters_its_plugin() -> None:
     called: list[int] = []
-    job = _job(lambda i, c: called.append(1))
+    job = _job(lambda i, c: called.append(1), 0)
     job.signal.fire("worker stopping")
     outcome = InlineRunner(SystemClock()).run(job, _never)
     assert outcome.kind is OutcomeKind.CANCELLED and outcome.detail == "worker stopping"
@@ -170,8 +153,8 @@ def test_context_variables_set_by_one_plugin_are_not_seen_by_the_next() -> None:
         return None
 
     runner = InlineRunner(SystemClock())
-    runner.run(_job(plugin), _never)
-    runner.run(_job(plugin), _never)
+    runner.run(_job(plugin, 0), _never)
+    runner.run(_job(plugin, 0), _never)
     assert seen == ["unset", "unset"]
     assert var.get() == "unset"
 
@@ -180,6 +163,6 @@ def test_a_plugin_raising_system_exit_is_a_task_error_not_the_threads_end() -> N
     def leave(inputs: TaskInputs, ctx: TaskContext) -> object:
         raise SystemExit(3)
 
-    outcome = InlineRunner(SystemClock()).run(_job(leave), _never)
+    outcome = InlineRunner(SystemClock()).run(_job(leave, 0), _never)
     assert outcome.kind is OutcomeKind.ERROR
     assert isinstance(outcome.error, SystemExit)

@@ -42,7 +42,12 @@ def statements(monkeypatch: pytest.MonkeyPatch) -> Iterator[Counter[str]]:
     yield counts
 
 
-def _hop(store: SqliteStore, log: CallbackLog, node_index: int) -> None:
+def _hop(
+    store: SqliteStore,
+    log: CallbackLog,
+    node_index: int,
+    outputs: tuple[EmittedOutput, ...] | None = None,
+) -> None:
     record = only_task(store, "run-1", node_index)
     won = claim_task(
         store,
@@ -51,7 +56,8 @@ def _hop(store: SqliteStore, log: CallbackLog, node_index: int) -> None:
         expected_generation=record.generation,
     )
     assert won is not None
-    outputs = (EmittedOutput(id=f"o{node_index}", fields={"n": node_index}),)
+    if outputs is None:
+        outputs = (EmittedOutput(id=f"o{node_index}", fields={"n": node_index}),)
     result = store.try_complete_task(record.task_id, outputs, expected_attempt_id=won.attempt_id)
     assert result is not None and result.launch_complete
 
@@ -171,21 +177,25 @@ def _unit_hop_statements(
         store.close()
 
 
-def test_a_launch_right_after_its_snapshot_in_a_unit_reads_neither_again(
-    tmp_path: Path, statements: Counter[str]
+@pytest.mark.parametrize(
+    ("write_between", "status", "reads"),
+    [
+        # Nothing written since the snapshot: neither is read again.
+        (False, LaunchCreateStatus.CREATED, 0),
+        # The source's revision moved: read again, and the token is stale (OR-19).
+        (True, LaunchCreateStatus.STALE, 1),
+    ],
+)
+def test_a_launch_after_its_snapshot_in_a_unit_reads_again_only_after_a_write(
+    tmp_path: Path,
+    statements: Counter[str],
+    write_between: bool,
+    status: LaunchCreateStatus,
+    reads: int,
 ) -> None:
-    found, status = _unit_hop_statements(tmp_path, statements, write_between=False)
-    assert status is LaunchCreateStatus.CREATED
-    assert found["run_head"] == 0 and found["nodes_of_indices"] == 0, found
-
-
-def test_a_write_between_snapshot_and_launch_makes_the_launch_read_again(
-    tmp_path: Path, statements: Counter[str]
-) -> None:
-    found, status = _unit_hop_statements(tmp_path, statements, write_between=True)
-    # The source's revision moved: the token is stale (OR-19).
-    assert status is LaunchCreateStatus.STALE
-    assert found["run_head"] == 1 and found["nodes_of_indices"] == 1, found
+    found, result = _unit_hop_statements(tmp_path, statements, write_between=write_between)
+    assert result is status
+    assert found["run_head"] == reads and found["nodes_of_indices"] == reads, found
 
 
 def test_a_reconcile_inside_a_writing_unit_reads_each_thing_once(
@@ -215,17 +225,8 @@ def test_a_plan_naming_outputs_beyond_its_snapshot_is_checked_against_the_table(
 ) -> None:
     store = SqliteStore(f"sqlite:///{tmp_path / 'unit-beyond.db'}")
     try:
-        new_run(store, [root("n0"), child("n1", "n0", mode=InputMode.ALL)])
-        record = only_task(store, "run-1", 0)
-        won = claim_task(
-            store,
-            record.task_id,
-            expected_attempt_id=record.attempt_id,
-            expected_generation=record.generation,
-        )
-        assert won is not None
-        outputs = tuple(EmittedOutput(id=f"o{n}", fields={"n": n}) for n in range(3))
-        assert store.try_complete_task(record.task_id, outputs, expected_attempt_id=won.attempt_id)
+        log = new_run(store, [root("n0"), child("n1", "n0", mode=InputMode.ALL)])
+        _hop(store, log, 0, tuple(EmittedOutput(id=f"o{n}", fields={"n": n}) for n in range(3)))
         for unit, named in (("run-2", "o9"), ("run-3", "o2")):
             with store.unit_of_work():
                 assert store.create_run(unit, chain(1))  # the unit's first write
