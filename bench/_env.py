@@ -21,11 +21,14 @@ from urllib.parse import urlsplit, urlunsplit
 
 __all__ = [
     "PostgresDatabases",
+    "cpu_times",
     "machine",
     "postgres_commit_rate",
     "postgres_settings",
+    "python_calibration_ms",
     "source",
     "sqlite_commit_rate",
+    "steal_share",
     "versions",
 ]
 
@@ -54,6 +57,51 @@ def machine() -> dict[str, object]:
         "kernel": platform.release(),
         "load_average": [round(x, 2) for x in os.getloadavg()],
     }
+
+
+def python_calibration_ms(rounds: int = 7) -> float:
+    """Milliseconds a fixed pure-Python workload takes here (median of
+    ``rounds``): dict building, JSON encoding and decoding, sorting, as on a
+    worker's hot path. A shared VM's speed drifts between days; figures
+    taken on different days compare only through such a yardstick."""
+    import json
+    import statistics
+
+    def workload() -> int:
+        total = 0
+        for n in range(4_000):
+            record = {"id": f"task-{n}", "n": n, "fields": {"k": str(n), "v": [n, n + 1]}}
+            total += len(json.loads(json.dumps(record, sort_keys=True))["id"])
+        return total + len(sorted(str(n) for n in range(4_000)))
+
+    timings = []
+    for _ in range(rounds):
+        began = time.perf_counter()
+        workload()
+        timings.append(time.perf_counter() - began)
+    return round(1e3 * statistics.median(timings), 2)
+
+
+def cpu_times() -> list[int] | None:
+    """The machine's cumulative CPU times (``/proc/stat``'s first line:
+    user, nice, system, idle, iowait, irq, softirq, steal, ...), if readable."""
+    try:
+        first = Path("/proc/stat").read_text().splitlines()[0].split()
+    except (OSError, IndexError):
+        return None
+    if first[0] != "cpu" or len(first) < 9:
+        return None
+    return [int(value) for value in first[1:]]
+
+
+def steal_share(before: list[int] | None, after: list[int] | None) -> float | None:
+    """The share of CPU time the hypervisor took from this VM (steal)
+    between two :func:`cpu_times` readings; ``None`` when unknown."""
+    if before is None or after is None:
+        return None
+    spent = [b - a for a, b in zip(before, after, strict=False)]
+    total = sum(spent[:8])
+    return round(spent[7] / total, 4) if total > 0 else None
 
 
 def versions(postgres_url: str | None) -> dict[str, object]:

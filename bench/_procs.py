@@ -224,7 +224,7 @@ def _submit(url: str, workload: str, size: int, profile: str | None) -> None:
             pause(0.01)
             continue
         pending.pop()
-    if profiler is not None:
+    if profiler is not None and profile is not None:
         profiler.disable()
         profiler.dump_stats(profile)
     records = [store.get_run(run_id) for run_id in run_ids]

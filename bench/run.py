@@ -339,6 +339,8 @@ def main(argv: Sequence[str] | None = None) -> None:
         sys.path.insert(0, str(_procs.SRC[0]))
     postgres_url = args.postgres if args.backend in (None, "postgres") else None
     started = time.time()
+    calibration = _env.python_calibration_ms()
+    cpu_before = _env.cpu_times()
     with tempfile.TemporaryDirectory(prefix="dagwerk-bench-") as tmp_name:
         tmp = Path(tmp_name)
         ceilings: dict[str, float] = {}
@@ -349,6 +351,7 @@ def main(argv: Sequence[str] | None = None) -> None:
         if postgres_url:
             ceilings["postgres"] = _env.postgres_commit_rate(postgres_url, args.commits)
         results, by_label = run_cases(args, postgres_url, tmp)
+    steal = _env.steal_share(cpu_before, _env.cpu_times())
     goals = targets(results, by_label)
     settings: dict[str, object] = {
         "mode": "full" if args.full else "quick",
@@ -364,7 +367,11 @@ def main(argv: Sequence[str] | None = None) -> None:
         settings["postgres_server"] = _env.postgres_settings(postgres_url)
     document = {
         "started_at": started,
-        "machine": _env.machine(),
+        "machine": {
+            **_env.machine(),
+            "python_calibration_ms": calibration,
+            "cpu_steal_share": steal,
+        },
         "versions": _env.versions(postgres_url),
         "settings": settings,
         "ceilings_commits_per_s": {k: round(v) for k, v in ceilings.items()},
@@ -376,6 +383,11 @@ def main(argv: Sequence[str] | None = None) -> None:
         "targets": goals,
     }
     print_table(results, by_label, ceilings, goals)
+    print()
+    print(
+        f"python calibration: {calibration} ms (a fixed workload; lower is faster); "
+        f"CPU steal during the run: {'unknown' if steal is None else f'{100 * steal:.1f} %'}"
+    )
     print()
     print(json.dumps(document, indent=2))
     if args.json:

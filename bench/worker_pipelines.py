@@ -42,6 +42,7 @@ from dagwerk.engine import open_store
 from dagwerk.models import DagNode, EdgeSource, InputEdge, TaskInputs
 from dagwerk.orchestrator import OrchestratorCallbacks, start_run
 from dagwerk.runtime.context import TaskContext
+from dagwerk.runtime.plugins import PluginFn
 from dagwerk.runtime.worker import Worker
 
 RUN_ID = "bench"
@@ -73,7 +74,7 @@ def step(inputs: TaskInputs, ctx: TaskContext) -> object:
     return {"n": 1}
 
 
-PLUGINS = {"root": root, "step": step}
+PLUGINS: dict[str, PluginFn] = {"root": root, "step": step}
 
 
 def fanout_nodes() -> list[DagNode]:
@@ -180,11 +181,11 @@ def run_case(db_spec: str, kind: str, size: int, workers: int, concurrency: int)
             node, start, end = path.read_text().split()
             times.setdefault(int(node), []).append((float(start), float(end)))
     hops: list[float] = []
-    for node in sorted(times):
-        if node == 0:
+    for index in sorted(times):
+        if index == 0:
             continue
-        upstream_end = max(end for _, end in times[node - 1])
-        hops.extend(start - upstream_end for start, _ in times[node])
+        upstream_end = max(end for _, end in times[index - 1])
+        hops.extend(start - upstream_end for start, _ in times[index])
     return {
         "backend": backend_name(db_spec),
         "pipeline": kind,
