@@ -5,7 +5,9 @@ from __future__ import annotations
 
 import contextvars
 import threading
+from collections.abc import Callable
 
+import pytest
 from test_runtime_batch_exec import _job  # type: ignore[import-not-found]
 
 from dagwerk.models import TaskInputs
@@ -15,6 +17,7 @@ from dagwerk.runtime.clock import FakeClock, SystemClock
 from dagwerk.runtime.context import TaskContext
 from dagwerk.runtime.executors import (
     AttemptJob,
+    AttemptSignal,
     ExecutionOutcome,
     OutcomeKind,
 )
@@ -166,3 +169,39 @@ def test_a_plugin_raising_system_exit_is_a_task_error_not_the_threads_end() -> N
     outcome = InlineRunner(SystemClock()).run(_job(leave, 0), _never)
     assert outcome.kind is OutcomeKind.ERROR
     assert isinstance(outcome.error, SystemExit)
+
+
+class _FiresAsItBinds(AttemptSignal):
+    """A signal aborted just as the runner binds to it (a cancellation racing
+    the attempt's start), which waits until the supervisor has taken the
+    attempt over before the runner goes on."""
+
+    def __init__(self, taken: threading.Event) -> None:
+        super().__init__()
+        self._taken = taken
+
+    def bind(self, listener: Callable[[str], object]) -> None:
+        self.fire("run is CANCELLED")
+        super().bind(listener)
+        assert self._taken.wait(WAIT)
+
+
+def test_an_attempt_taken_over_before_its_plugin_started_leaves_the_loop_to_the_new_thread() -> (
+    None
+):
+    called: list[int] = []
+    taken = threading.Event()
+    handed: list[ExecutionOutcome] = []
+
+    def hand_over(outcome: ExecutionOutcome) -> None:
+        handed.append(outcome)
+        taken.set()
+
+    job = _job(lambda i, c: called.append(1), 0)
+    job = AttemptJob(job.fn, job.inputs, job.ctx, None, _FiresAsItBinds(taken))
+    runner = InlineRunner(SystemClock())
+    with pytest.raises(LoopHandedOver):
+        runner.run(job, hand_over)
+    assert called == []  # never entered
+    assert [o.kind for o in handed] == [OutcomeKind.CANCELLED]
+    runner.stop()

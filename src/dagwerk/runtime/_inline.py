@@ -93,25 +93,26 @@ class InlineRunner:
         if early is not None:
             return early
         inline = _Inline(job, on_hand_over)
-        job.signal.bind(lambda reason: self._aborted(inline, reason))
         with self._lock:
             self._current = inline
             inline.started = self._clock.monotonic()
+        job.signal.bind(lambda reason: self._aborted(inline, reason))
         if job.timeout is not None:
             self._poke()  # the supervisor keeps the deadline
+        outcome = None
         if inline.settlement.outcome is None:  # aborted in between: never entered
             # A fresh context per attempt, as on a runner thread: nothing a
             # plugin sets in a context variable reaches the next one.
             outcome = contextvars.Context().run(call_job, job)
-            with self._lock:
-                self._current = None
-                handed_over = inline.handed_over
-            if handed_over:
-                raise LoopHandedOver
+        with self._lock:
+            self._current = None
+            handed_over = inline.handed_over
+        # Once the supervisor took the attempt (even one aborted before its
+        # plugin started), the rest of the step is another thread's.
+        if handed_over:
+            raise LoopHandedOver
+        if outcome is not None:
             inline.settlement.claim(outcome)
-        else:
-            with self._lock:
-                self._current = None
         settled = inline.settlement.outcome
         assert settled is not None
         if settled.kind is OutcomeKind.CANCELLED:
@@ -119,14 +120,14 @@ class InlineRunner:
         return settled
 
     def stop(self) -> None:
-        """End the supervisor once no attempt is in its care."""
+        """End the supervisor; wait for it unless an attempt is still in its
+        care (it then ends once that attempt is handed over or returns)."""
         with self._lock:
             self._stopped = True
             thread = self._thread
+            idle = self._current is None
         self._wake.set()
-        if thread is not None and thread is not threading.current_thread():
-            # It ends once no attempt is in its care: at a worker's stop every
-            # attempt was aborted, so it has handed over whatever it had.
+        if idle and thread is not None and thread is not threading.current_thread():
             thread.join()
 
     def _aborted(self, inline: _Inline, reason: str) -> None:
@@ -152,6 +153,7 @@ class InlineRunner:
             with self._lock:
                 inline = self._current
                 if inline is None and self._stopped:
+                    self._thread = None
                     return
             remaining: float | None = None
             if inline is not None:

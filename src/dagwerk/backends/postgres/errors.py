@@ -61,6 +61,12 @@ def is_connection_error(exc: BaseException, conn: psycopg.Connection[object] | N
     if not isinstance(exc, psycopg.Error):
         return False
     state = exc.sqlstate or ""
+    if not state and isinstance(exc, psycopg.OperationalError):
+        # Raised by the driver, not the server: the socket or the protocol
+        # failed (e.g. "connection socket closed" while waiting for a reply,
+        # before the connection is marked broken). A pipeline aborted by an
+        # earlier failed statement is that statement's error, not this.
+        return not isinstance(exc, psycopg.errors.PipelineAborted)
     return state.startswith("08") or state in _CONNECTION_STATES
 
 
