@@ -6,7 +6,10 @@ every member of the protocol on each call (tens of microseconds on Python
 for every batch. :func:`implements` answers from a cache when the object's
 class itself has every member (an instance can add members, never hide its
 class's), and asks ``isinstance`` otherwise (e.g. a proxy that forwards
-attributes through ``__getattr__``).
+attributes through ``__getattr__``). Since Python 3.12 ``isinstance`` no
+longer sees members such a proxy forwards (it looks them up statically), so
+those are then looked up with ``hasattr``, as Python 3.11 does: the answer
+is the same on every supported version.
 """
 
 from __future__ import annotations
@@ -32,4 +35,12 @@ def implements(obj: object, protocol: type[_P]) -> TypeIs[_P]:
         except TypeError:  # a protocol with data members: per instance only
             found = False
         _BY_CLASS[key] = found
-    return found or isinstance(obj, protocol)
+    return found or isinstance(obj, protocol) or _forwards_every_member(obj, protocol)
+
+
+def _forwards_every_member(obj: object, protocol: type) -> bool:
+    """Whether ``obj`` answers every member of ``protocol`` (Python 3.12+
+    keeps the protocol's members in ``__protocol_attrs__``; earlier versions'
+    ``isinstance`` already asked ``hasattr``)."""
+    members: frozenset[str] = frozenset(getattr(protocol, "__protocol_attrs__", ()))
+    return bool(members) and all(hasattr(obj, name) for name in members)

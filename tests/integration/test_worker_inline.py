@@ -37,6 +37,13 @@ def escaped() -> Iterator[list[BaseException | None]]:
     threading.excepthook = previous
 
 
+@pytest.fixture
+def store(tmp_path: Path) -> Iterator[SqliteStore]:
+    opened = SqliteStore(str(tmp_path / "dag.db"))
+    yield opened
+    opened.close()
+
+
 def _start(store: SqliteStore, run_id: str, nodes: list[DagNode]) -> None:
     store.create_run(run_id, nodes, run_input={})
     start_run(store, run_id, callbacks=_NOOP)
@@ -69,14 +76,13 @@ def _deaf() -> tuple[threading.Event, threading.Event, Callable[[TaskInputs, Tas
     return entered, release, deaf
 
 
-def test_each_step_of_a_chain_runs_on_the_loop_thread(tmp_path: Path) -> None:
+def test_each_step_of_a_chain_runs_on_the_loop_thread(tmp_path: Path, store: SqliteStore) -> None:
     on_loop: list[bool] = []
 
     def step(inputs: TaskInputs, ctx: TaskContext) -> object:
         on_loop.append(worker.actor.in_loop_thread())
         return {"n": 1}
 
-    store = SqliteStore(str(tmp_path / "dag.db"))
     worker = _worker(store, PluginRegistry({"step": step}), tmp_path)
     nodes = [DagNode(slug="s0", plugin="step")] + [
         DagNode(
@@ -97,7 +103,7 @@ def test_each_step_of_a_chain_runs_on_the_loop_thread(tmp_path: Path) -> None:
 
 
 def test_a_hung_lone_attempt_times_out_and_the_worker_moves_on(
-    tmp_path: Path, escaped: list[BaseException | None]
+    tmp_path: Path, store: SqliteStore, escaped: list[BaseException | None]
 ) -> None:
     entered, release = threading.Event(), threading.Event()
     ran_on: list[threading.Thread] = []
@@ -111,7 +117,6 @@ def test_a_hung_lone_attempt_times_out_and_the_worker_moves_on(
     plugins = PluginRegistry()
     plugins.register("hang", hang, timeout_seconds=0.2, retry=RetryPolicy(max_attempts=1))
     plugins.register("quick", lambda i, c: {"ok": True})
-    store = SqliteStore(str(tmp_path / "dag.db"))
     worker = _worker(store, plugins, tmp_path)
     _start(store, "hung", [DagNode(slug="h", plugin="hang")])
     worker.start()
@@ -139,11 +144,10 @@ def test_a_hung_lone_attempt_times_out_and_the_worker_moves_on(
 
 
 def test_cancelling_a_run_whose_lone_attempt_ignores_its_abort(
-    tmp_path: Path, escaped: list[BaseException | None]
+    tmp_path: Path, store: SqliteStore, escaped: list[BaseException | None]
 ) -> None:
     entered, release, deaf = _deaf()
     plugins = PluginRegistry({"deaf": deaf, "quick": lambda i, c: {"ok": True}})
-    store = SqliteStore(str(tmp_path / "dag.db"))
     worker = _worker(store, plugins, tmp_path)
     _start(store, "deaf", [DagNode(slug="d", plugin="deaf")])
     worker.start()
@@ -166,10 +170,9 @@ def test_cancelling_a_run_whose_lone_attempt_ignores_its_abort(
 
 
 def test_stop_releases_a_lone_attempt_that_ignores_its_abort(
-    tmp_path: Path, escaped: list[BaseException | None]
+    tmp_path: Path, store: SqliteStore, escaped: list[BaseException | None]
 ) -> None:
     entered, release, deaf = _deaf()
-    store = SqliteStore(str(tmp_path / "dag.db"))
     worker = _worker(store, PluginRegistry({"deaf": deaf}), tmp_path)
     _start(store, "deaf", [DagNode(slug="d", plugin="deaf")])
     worker.start()
@@ -188,7 +191,7 @@ def test_stop_releases_a_lone_attempt_that_ignores_its_abort(
 
 
 def test_plugins_on_the_loop_thread_share_no_context_and_may_leave(
-    tmp_path: Path, escaped: list[BaseException | None]
+    tmp_path: Path, store: SqliteStore, escaped: list[BaseException | None]
 ) -> None:
     seen: list[str] = []
 
@@ -203,7 +206,6 @@ def test_plugins_on_the_loop_thread_share_no_context_and_may_leave(
     plugins = PluginRegistry()
     plugins.register("mark", mark)
     plugins.register("leave", leave, retry=RetryPolicy(max_attempts=1))
-    store = SqliteStore(str(tmp_path / "dag.db"))
     worker = _worker(store, plugins, tmp_path)
     worker.start()
     try:

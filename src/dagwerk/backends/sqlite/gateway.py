@@ -20,6 +20,7 @@ except ImportError:  # pragma: no cover - not on POSIX
 import sqlite3
 import threading
 import time
+import weakref
 from collections.abc import Iterable, Iterator, Sequence
 from contextlib import AbstractContextManager, ExitStack, contextmanager, suppress
 from pathlib import Path
@@ -195,6 +196,12 @@ class SqliteGateway:
             None if self.in_memory or read_only else Checkpointer(os.path.realpath(path))
         )
         self._conn = self._connect()
+        # A store dropped without close() closes its connection when it is
+        # collected (not at interpreter exit, where daemon threads may still
+        # use it), as Python's sqlite3 did by itself before 3.13 warned.
+        self._held = _HeldConnection(self._conn)
+        self._finalizer = weakref.finalize(self, self._held.close)
+        self._finalizer.atexit = False
         # In-memory databases are private to this gateway; files are shared
         # by every gateway of this process that opens the same path.
         key = f"memory:{id(self)}" if self.in_memory else os.path.realpath(path)
@@ -396,6 +403,7 @@ class SqliteGateway:
             # Forked: never touch the parent's connection.
             self._pid = os.getpid()
             self._conn = self._connect()
+            self._held.hold(self._conn)
         return self._conn
 
     def _transaction(self, begin: str) -> AbstractContextManager[_Tx]:
@@ -549,6 +557,7 @@ class SqliteGateway:
                 waker.watched_in = -1
         if unwatch:
             _wake.unwatch(self.path)
+        self._finalizer.detach()
         with self._lock:
             if self._conn is not None and os.getpid() == self._pid:
                 self._conn.close()
@@ -556,6 +565,26 @@ class SqliteGateway:
             if self._queue_fd is not None and os.getpid() == self._queue_pid:
                 os.close(self._queue_fd)
             self._queue_fd = None
+
+
+class _HeldConnection:
+    """The gateway's current connection, for its finalizer (which must not
+    refer to the gateway itself)."""
+
+    __slots__ = ("conn", "pid")
+
+    def __init__(self, conn: sqlite3.Connection) -> None:
+        self.conn = conn
+        self.pid = os.getpid()
+
+    def hold(self, conn: sqlite3.Connection) -> None:
+        """Hold this process's new connection (after a fork)."""
+        self.conn, self.pid = conn, os.getpid()
+
+    def close(self) -> None:
+        if os.getpid() == self.pid:
+            with suppress(sqlite3.Error):
+                self.conn.close()
 
 
 def _only_comments(text: str) -> bool:
