@@ -14,10 +14,10 @@ from dagwerk.json import JsonValue
 from dagwerk.lineage import child_wait_id
 from dagwerk.runtime.budget_guard import ByteLimits
 from dagwerk.runtime.children import ChildRequests, ChildResult, ChildRunError
-from dagwerk.runtime.errors import TaskCancelled, WaitRequested
+from dagwerk.runtime.errors import ExecutionRootError, TaskCancelled, WaitRequested
 from dagwerk.store import validate_wait_id
 
-__all__ = ["AbortSignal", "TaskContext"]
+__all__ = ["AbortSignal", "TaskContext", "validate_execution_root"]
 
 
 class AbortSignal(Protocol):
@@ -135,3 +135,24 @@ class TaskContext:
         if child_run_id is not None and waited != child_wait_id(child_run_id):
             return None
         return ChildResult.from_response(self.wait_response)
+
+
+def validate_execution_root(root: object) -> Path:
+    """An existing directory, made absolute; never ``None``, ``""`` or ``"."`` (AA-08)."""
+    if root is None or not isinstance(root, str | Path):
+        raise ExecutionRootError("execution root is required", field="execution_root")
+    if str(root) in ("", "."):
+        raise ExecutionRootError(
+            f"execution root {str(root)!r} is not an explicit directory", field="execution_root"
+        )
+    path = Path(root)
+    if not path.is_absolute():
+        raise ExecutionRootError(
+            f"execution root {str(root)!r} must be an absolute path", field="execution_root"
+        )
+    resolved = path.resolve()
+    if not resolved.is_dir():
+        raise ExecutionRootError(
+            f"execution root {str(root)!r} is not an existing directory", field="execution_root"
+        )
+    return resolved

@@ -60,9 +60,8 @@ from dagwerk.runtime.batch import process_batch
 from dagwerk.runtime.budget_guard import ByteLimits, CostEstimate, admit_task, check_output_limit
 from dagwerk.runtime.children import guard_lineage, settle_child_wait
 from dagwerk.runtime.clock import Clock, SystemClock
-from dagwerk.runtime.context import TaskContext
+from dagwerk.runtime.context import TaskContext, validate_execution_root
 from dagwerk.runtime.errors import (
-    ExecutionRootError,
     NonRetryableError,
     TaskTimedOut,
     WorkerStoppedError,
@@ -107,27 +106,6 @@ REPORTS_KEPT = 10_000
 
 SecretResolver = Callable[[str, str], Mapping[str, str]]
 """``(run_id, plugin_name) -> secrets`` handed to the task as ``ctx.secrets``."""
-
-
-def validate_execution_root(root: object) -> Path:
-    """An existing directory, made absolute; never ``None``, ``""`` or ``"."`` (AA-08)."""
-    if root is None or not isinstance(root, str | Path):
-        raise ExecutionRootError("execution root is required", field="execution_root")
-    if str(root) in ("", "."):
-        raise ExecutionRootError(
-            f"execution root {str(root)!r} is not an explicit directory", field="execution_root"
-        )
-    path = Path(root)
-    if not path.is_absolute():
-        raise ExecutionRootError(
-            f"execution root {str(root)!r} must be an absolute path", field="execution_root"
-        )
-    resolved = path.resolve()
-    if not resolved.is_dir():
-        raise ExecutionRootError(
-            f"execution root {str(root)!r} is not an existing directory", field="execution_root"
-        )
-    return resolved
 
 
 def _noop(run_id: str) -> None:

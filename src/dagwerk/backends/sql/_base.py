@@ -16,7 +16,7 @@ import os
 import threading
 import time
 from collections.abc import Callable
-from typing import Any
+from typing import Any, NamedTuple
 
 from dagwerk._fifo import FifoCache
 from dagwerk.constants import FailurePolicy, RunStatus, TaskStatus
@@ -72,6 +72,17 @@ def loads_value(text: str) -> JsonValue:
     return freeze_json(json.loads(text))
 
 
+class FreshSnapshot(NamedTuple):
+    """A planning snapshot's reads, taken inside a unit of work's write
+    transaction at write mark ``mark`` (see ``try_create_node_launch``)."""
+
+    mark: object
+    token: str
+    run: Row
+    generation: int
+    published: dict[str, int]  # every valid output read: its node
+
+
 class SqlStoreBase:
     """Settings, caches and the helpers the mixins share."""
 
@@ -109,7 +120,7 @@ class SqlStoreBase:
         # The last planning snapshot read inside a unit of work's write
         # transaction, with the gateway's write mark then: the launch that
         # follows it in the same transaction reuses its reads.
-        self._fresh_snapshot: tuple[object, str, Row, int, dict[str, int]] | None = None
+        self._fresh_snapshot: FreshSnapshot | None = None
         # Started runs without budget accounts (they never get any later).
         self._unbudgeted: FifoCache[str, bool] = FifoCache()
         # Tasks this process's dequeues crashed by dead-lettering (drained by

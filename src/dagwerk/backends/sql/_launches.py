@@ -18,7 +18,7 @@ from dagwerk.models import (
 )
 from dagwerk.store import InvalidStoreValueError
 
-from ._base import SqlStoreBase, loads_object
+from ._base import FreshSnapshot, SqlStoreBase, loads_object
 from ._plans import remember_plan
 from .gateway import Row, Tx
 
@@ -174,7 +174,7 @@ class LaunchesMixin(SqlStoreBase):
             if mark is not None:
                 # Read inside a unit's write transaction: until the unit's
                 # next write this is what a launch would read again.
-                self._fresh_snapshot = (mark, token, run, generation, published)
+                self._fresh_snapshot = FreshSnapshot(mark, token, run, generation, published)
             return PlanningSnapshot.model_construct(
                 token=token,
                 generation=generation,
@@ -198,7 +198,11 @@ class LaunchesMixin(SqlStoreBase):
         with self._gw.write() as tx:
             run: Row | None
             published: Mapping[str, int] = {}
-            if fresh is not None and fresh[1] == snapshot_token and fresh[0] == self._write_mark():
+            if (
+                fresh is not None
+                and fresh.token == snapshot_token
+                and fresh.mark == self._write_mark()
+            ):
                 # The snapshot was read in this transaction with no write
                 # since: its run row, token, generation and the outputs it
                 # read are still what the database holds.

@@ -112,7 +112,7 @@ class QueueMixin(SqlStoreBase):
         # the run row while holding queue rows could deadlock with it.
         spent: dict[str, Row] = {}
         serialised = getattr(self._gw, "serialises_writers", False)
-        if serialised and not self._gw.holds_write_lock():  # type: ignore[attr-defined]
+        if serialised and self._write_mark() is None:
             # One database-wide write lock (SQLite): an idle worker's poll
             # must not take it just to find nothing, since every other
             # writer would wait for that empty transaction. A read never

@@ -411,18 +411,13 @@ class SqliteGateway:
             return self._joined(begin)
         return self._own_transaction(begin)
 
-    def holds_write_lock(self) -> bool:
-        """Whether the calling thread's unit of work has begun its write
-        transaction (so a write now waits for nothing)."""
-        return self._unit_owner == threading.get_ident() and self._unit_tx is not None
-
     def write_mark(self) -> tuple[int, int] | None:
         """Inside the calling thread's unit of work, once its write
         transaction has begun: a mark that a later call returns again only
         while no write of the unit has ended in between (so whatever was read
         in between is still what the database holds). ``None`` elsewhere."""
-        if not self.holds_write_lock():
-            return None
+        if self._unit_owner != threading.get_ident() or self._unit_tx is None:
+            return None  # not in a unit, or the unit has not written yet
         return self._units_begun, self._unit_writes
 
     @contextmanager
