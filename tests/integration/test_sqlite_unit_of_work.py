@@ -99,6 +99,61 @@ def test_a_raising_write_inside_a_block_leaves_no_partial_rows(db: Path) -> None
             assert found == 0
 
 
+def test_a_raising_later_write_leaves_no_partial_rows_and_keeps_the_earlier_ones(
+    db: Path,
+) -> None:
+    with SqliteStore(str(db)) as store, SqliteStore(str(db)) as other:
+        gateway = store._sqlite
+        with store.unit_of_work():
+            assert store.create_run("r1", _NODES)
+            with pytest.raises(RuntimeError), gateway.write() as tx:
+                tx._conn.execute("CREATE TABLE scratch (a)")
+                raise RuntimeError("after a write")
+            assert store.create_run("r2", _NODES)
+        assert other.get_run_status("r1") is RunStatus.PENDING
+        assert other.get_run_status("r2") is RunStatus.PENDING
+        with other._sqlite.read() as tx:
+            found = tx._conn.execute(
+                "SELECT count(*) FROM sqlite_master WHERE name = 'scratch'"
+            ).fetchone()[0]
+        assert found == 0
+
+
+def test_a_raising_first_write_gives_the_write_lock_back_and_the_next_one_begins_afresh(
+    db: Path,
+) -> None:
+    with SqliteStore(str(db)) as store, SqliteStore(str(db)) as other:
+        gateway = store._sqlite
+        conn = gateway._connection()
+        statements: list[str] = []
+        conn.set_trace_callback(statements.append)
+        with store.unit_of_work():
+            with pytest.raises(RuntimeError), gateway.write() as tx:
+                tx._conn.execute("CREATE TABLE scratch (a)")
+                raise RuntimeError("after a write")
+            # Rolled back: the lock is free for another connection meanwhile.
+            meanwhile = threading.Thread(target=other.create_run, args=("r0", _NODES))
+            meanwhile.start()
+            meanwhile.join(5)
+            assert not meanwhile.is_alive()
+            assert store.create_run("r1", _NODES)
+            assert store.create_run("r2", _NODES)
+        conn.set_trace_callback(None)
+        assert other.get_run_status("r1") is RunStatus.PENDING
+        assert other.get_run_status("r2") is RunStatus.PENDING
+        with other._sqlite.read() as tx:
+            found = tx._conn.execute(
+                "SELECT count(*) FROM sqlite_master WHERE name = 'scratch'"
+            ).fetchone()[0]
+        assert found == 0
+        # Each transaction's first write runs without a savepoint; the
+        # second write of the block needs one.
+        assert statements.count("BEGIN IMMEDIATE") == 2
+        assert statements.count("ROLLBACK") == 1
+        assert statements.count("SAVEPOINT dagwerk_call") == 1
+        assert statements.count("RELEASE dagwerk_call") == 1
+
+
 def test_blocks_nest(db: Path) -> None:
     with SqliteStore(str(db)) as store, SqliteStore(str(db)) as other:
         with store.unit_of_work():

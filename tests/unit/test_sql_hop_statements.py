@@ -12,7 +12,14 @@ import pytest
 
 from dagwerk.backends.sqlite import SqliteStore
 from dagwerk.backends.sqlite import gateway as sqlite_gateway
-from dagwerk.constants import InputMode, InputRole, LaunchCreateStatus, NodeDisposition
+from dagwerk.constants import (
+    InputMode,
+    InputRole,
+    LaunchCreateStatus,
+    NodeDisposition,
+    RunStatus,
+)
+from dagwerk.engine import Engine
 from dagwerk.execution import claim_task
 from dagwerk.frontier import reconcile_after_completion
 from dagwerk.models import EmittedOutput, PlannedEdgeInput, TaskInputPlan
@@ -215,9 +222,104 @@ def test_a_reconcile_inside_a_writing_unit_reads_each_thing_once(
         assert 2 in store.list_node_launches("run-1")
     finally:
         store.close()
-    assert statements["run_head"] == 1, statements
+    # The snapshot reuses the frontier's run row and launches; the launch
+    # reuses the snapshot's.
+    assert statements["run_frontier"] == 1 and statements["run_head"] == 0, statements
+    assert statements["launches_of_nodes"] == 1, statements
     assert statements["nodes_of_indices"] == 1, statements
     assert statements["outputs_valid_by_ids"] == 0, statements
+    # The frontier saw that node 2 had no launch yet.
+    assert statements["launch_active"] == 0, statements
+
+
+def test_a_launch_the_frontier_saw_is_read_and_reported_as_existing(
+    tmp_path: Path, statements: Counter[str]
+) -> None:
+    store = SqliteStore(f"sqlite:///{tmp_path / 'frontier-existing.db'}")
+    try:
+        log = new_run(store, chain(4))
+        _hop(store, log, 0)
+        reconcile_after_completion(store, "run-1", [0], callbacks=log.callbacks)
+        nodes = store.get_run_nodes("run-1")
+        assert nodes is not None
+        with store.unit_of_work():
+            assert store.create_run("run-2", chain(1))  # the unit's first write
+            frontier = store.get_run_frontier("run-1", [0, 1])
+            assert frontier is not None and set(frontier.launches) == {0, 1}
+            snapshot = store.get_planning_snapshot(
+                "run-1",
+                1,
+                {"in": 0},
+                max_outputs_per_edge=100,
+                max_outputs_total=100,
+                max_routing_bytes=10_000,
+            )
+            statements.clear()
+            result = store.try_create_node_launch(
+                "run-1", 1, nodes[1].plugin, snapshot.token, (), NodeDisposition.SKIPPED
+            )
+            found = Counter(statements)
+    finally:
+        store.close()
+    assert result.status is LaunchCreateStatus.ALREADY_EXISTS
+    assert found["launch_active"] == 1, found
+
+
+@pytest.mark.parametrize(
+    "case",
+    [
+        # Nothing written, the sources among the frontier's nodes: no read.
+        (False, {"in": 1}, 0, 0),
+        # A write came between: the frontier's reads may be stale.
+        (True, {"in": 1}, 1, 1),
+        # A source the frontier did not read: its launches are read.
+        (False, {"in": 1, "other": 3}, 0, 1),
+    ],
+)
+def test_a_snapshot_reuses_its_frontier_only_with_no_write_between(
+    tmp_path: Path,
+    statements: Counter[str],
+    case: tuple[bool, dict[str, int], int, int],
+) -> None:
+    between, sources, head, launch_reads = case
+    store = SqliteStore(f"sqlite:///{tmp_path / 'frontier-memo.db'}")
+    try:
+        log = new_run(store, chain(5))
+        _hop(store, log, 0)
+        reconcile_after_completion(store, "run-1", [0], callbacks=log.callbacks)
+        _hop(store, log, 1)
+        with store.unit_of_work():
+            assert store.create_run("run-2", chain(1))  # the unit's first write
+            frontier = store.get_run_frontier("run-1", [1, 2])
+            assert frontier is not None and set(frontier.launches) == {1}
+            if between:
+                with store._gw.write() as tx:
+                    tx.run("node_bump", {"run_id": "run-1", "node_index": 1})
+            statements.clear()
+            snapshot = store.get_planning_snapshot(
+                "run-1",
+                2,
+                sources,
+                max_outputs_per_edge=100,
+                max_outputs_total=100,
+                max_routing_bytes=10_000,
+            )
+            found = Counter(statements)
+        # Whatever was reused, the snapshot is the one a fresh read gives.
+        again = store.get_planning_snapshot(
+            "run-1",
+            2,
+            sources,
+            max_outputs_per_edge=100,
+            max_outputs_total=100,
+            max_routing_bytes=10_000,
+        )
+        assert snapshot == again
+        assert [o.id for o in snapshot.outputs_by_edge["in"]] == ["o1"]
+    finally:
+        store.close()
+    assert found["run_head"] == head, found
+    assert found["launches_of_nodes"] == launch_reads, found
 
 
 def test_a_plan_naming_outputs_beyond_its_snapshot_is_checked_against_the_table(
@@ -256,3 +358,34 @@ def test_a_plan_naming_outputs_beyond_its_snapshot_is_checked_against_the_table(
                 assert statements["outputs_valid_by_ids"] == 1
     finally:
         store.close()
+
+
+def test_a_worker_hop_in_a_chain_takes_25_statements(tmp_path: Path) -> None:
+    """The whole hop as the batched worker takes it on SQLite: one write
+    transaction (complete, reconcile, launch, claim ahead: its first write
+    needs no savepoint) and the run's status read alone; the child's input
+    comes from the outputs the worker just committed. Issue 9 took it from
+    41 statements to 25; this keeps it there."""
+    engine = Engine(f"sqlite:///{tmp_path / 'hop.db'}")
+    for n in range(12):
+        engine.plugin(f"n{n}")(lambda inputs, ctx: [{"n": 1}])
+    run_id = engine.submit(chain(12))
+    worker = engine.worker(concurrency=4)
+    for _ in range(4):
+        assert worker.process_once() == 1
+    store = engine.store
+    assert isinstance(store, SqliteStore)
+    conn = store._sqlite._connection()
+    traced: list[str] = []
+    conn.set_trace_callback(traced.append)
+    hops = 5
+    for _ in range(hops):
+        assert worker.process_once() == 1
+    conn.set_trace_callback(None)
+    kinds = Counter(s.split()[0] for s in traced)
+    assert kinds["BEGIN"] == hops and kinds["COMMIT"] == hops, kinds
+    assert kinds["SAVEPOINT"] == 2 * hops, kinds  # the launch and the claim
+    assert len(traced) == 25 * hops, Counter(traced).most_common(5)
+    worker.run_until_idle()
+    assert engine.store.get_run_status(run_id) is RunStatus.COMPLETED
+    engine.close()

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import threading
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -94,6 +94,17 @@ class _Prefetched:
         return {oid: self._outputs[oid] for oid in output_ids if oid in self._outputs}
 
 
+class _Recent:
+    """An ``OutputResolver`` through a store's ``resolve_recent_outputs``."""
+
+    __slots__ = ("resolve_outputs",)
+
+    def __init__(
+        self, resolve: Callable[[str, Sequence[str]], Mapping[str, ResolvedOutput]]
+    ) -> None:
+        self.resolve_outputs = resolve
+
+
 class BatchReads:
     """Reads that every attempt of one batch would repeat, done once per run.
 
@@ -137,10 +148,16 @@ class BatchReads:
         return self._budgets[run_id]
 
     def resolver(self, run_id: str) -> Any:
-        """An ``OutputResolver`` for the run's attempts in this batch."""
+        """An ``OutputResolver`` for the run's attempts in this batch.
+
+        A store that keeps the outputs it committed lately
+        (``resolve_recent_outputs``, the SQL stores) answers from them where
+        it can: a claimed task's inputs are then not read again."""
         found = self._resolvers.get(run_id)
         if found is None:
-            found = self._store
+            recent = getattr(self._store, "resolve_recent_outputs", None)
+            own = self._store if recent is None else _Recent(recent)
+            found = own
             tasks = self._plans.get(run_id, [])
             if len(tasks) > 1:
                 wanted = tuple(
@@ -149,7 +166,7 @@ class BatchReads:
                     )
                 )
                 try:
-                    found = _Prefetched(self._store.resolve_outputs(run_id, wanted))
+                    found = _Prefetched(own.resolve_outputs(run_id, wanted))
                 except Exception:
                     found = self._store  # each attempt resolves (and fails) alone
             self._resolvers[run_id] = found

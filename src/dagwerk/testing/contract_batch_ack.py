@@ -5,19 +5,24 @@ The claim half and the shared fixtures are in
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import replace
+from typing import cast
+
+import pytest
 
 from dagwerk.budgets import Budget, BudgetExhaustedError, output_bytes
 from dagwerk.constants import RunStatus, TaskStatus
 from dagwerk.execution import recover_task
 from dagwerk.limits import Limits
-from dagwerk.models import EmittedOutput
+from dagwerk.models import EmittedOutput, ResolvedOutput
 from dagwerk.orchestrator import reconcile_run, start_run
 from dagwerk.store import (
+    ClaimedDelivery,
     CompletionRequest,
     DagBudgetStore,
     OutputPublicationError,
+    UnitOfWorkStore,
 )
 from dagwerk.testing.contract_batch import (
     BatchContractStore,
@@ -54,6 +59,9 @@ __all__ = [
     "test_bq_18_batched_worker_cycle_runs_a_chain_to_completion",
     "test_bq_19_budget_refusal_fails_only_its_request_and_sees_earlier_charges",
     "test_bq_20_batches_spanning_runs_keep_lease_and_request_order",
+    "test_bq_21_recently_committed_outputs_resolve_as_the_table_does",
+    "test_bq_22_outputs_of_a_rolled_back_unit_are_not_remembered",
+    "test_bq_23_an_output_id_an_earlier_call_took_fails_only_its_request",
 ]
 
 
@@ -335,3 +343,103 @@ def test_bq_20_batches_spanning_runs_keep_lease_and_request_order(
     assert task(store, a.delivery.task_id).status is TaskStatus.RUNNING
     assert [store.get_output_ids("run-1", i) for i in (0, 1)] == [(), ("b-1",)]
     assert [store.get_output_ids("run-2", i) for i in (0, 1)] == [("c-1",), ("d-1",)]
+
+
+def _recent_resolver(store: BatchContractStore) -> Callable[..., Mapping[str, ResolvedOutput]]:
+    recent = getattr(store, "resolve_recent_outputs", None)
+    if recent is None:
+        pytest.skip("the store keeps no recently committed outputs")
+    return cast(Callable[..., Mapping[str, ResolvedOutput]], recent)
+
+
+def _texts(found: Mapping[str, ResolvedOutput]) -> list[tuple[str, object, object]]:
+    return [(key, dict(value.fields), dict(value.data)) for key, value in found.items()]
+
+
+def test_bq_21_recently_committed_outputs_resolve_as_the_table_does(
+    bq_store: BatchContractStore,
+) -> None:
+    # A worker resolves the inputs of the tasks it claims through
+    # resolve_recent_outputs: outputs the store committed itself may come
+    # from memory, and must come out exactly as resolve_outputs reads them.
+    store = bq_store
+    recent = _recent_resolver(store)
+    new_run(store, [root("a"), child("c", "a")])
+    (entry,) = _claim(store)
+    outputs = (
+        EmittedOutput(id="a-1", fields={"k": 1}, data={"path": "/a/1", "n": [1, 2]}),
+        EmittedOutput(id="a-2", fields={"k": 2}, data={}),
+    )
+    _completed(store.complete_and_ack("w1", [_request(entry, outputs)])[0])
+    for ids in (("a-2", "a-1"), ("a-1",), ("a-1", "a-1"), ("a-1", "missing"), ()):
+        assert _texts(recent("run-1", ids)) == _texts(store.resolve_outputs("run-1", ids))
+    found = recent("run-1", ("a-1",))["a-1"]
+    assert found.id == "a-1" and dict(found.data) == {"path": "/a/1", "n": [1, 2]}
+    # Each call parses afresh: what one plugin changes, the next never sees.
+    cast(list[int], found.data["n"]).append(3)
+    assert dict(recent("run-1", ("a-1",))["a-1"].data) == {"path": "/a/1", "n": [1, 2]}
+    # Another run's outputs of the same IDs are not these.
+    assert recent("run-2", ("a-1",)) == store.resolve_outputs("run-2", ("a-1",)) == {}
+
+
+def test_bq_22_outputs_of_a_rolled_back_unit_are_not_remembered(
+    bq_store: BatchContractStore,
+) -> None:
+    store = bq_store
+    recent = _recent_resolver(store)
+    if not isinstance(store, UnitOfWorkStore):
+        pytest.skip("the store offers no units of work")
+    new_run(store, [root("a"), child("c", "a")])
+    (entry,) = _claim(store)
+    request = _request(entry, emit("a-1"))
+    try:
+        with store.unit_of_work():
+            _completed(store.complete_and_ack("w1", [request])[0])
+            raise LookupError("roll the unit back")
+    except LookupError:
+        pass
+    assert store.resolve_outputs("run-1", ("a-1",)) == {}
+    assert recent("run-1", ("a-1",)) == {}
+    assert task(store, entry.delivery.task_id).status is TaskStatus.RUNNING
+    with store.unit_of_work():
+        _completed(store.complete_and_ack("w1", [request])[0])
+    assert _texts(recent("run-1", ("a-1",))) == _texts(store.resolve_outputs("run-1", ("a-1",)))
+    assert list(recent("run-1", ("a-1",))) == ["a-1"]
+
+
+def test_bq_23_an_output_id_an_earlier_call_took_fails_only_its_request(
+    bq_store: BatchContractStore,
+) -> None:
+    # SQLite inserts outputs without first reading which IDs are taken and
+    # decides the batch again when the insert meets one: alone, as the first
+    # write of a unit of work and as a later one, the outcome is the same.
+    store = bq_store
+    new_run(store, [root(slug) for slug in "abcdefg"])
+    a, b, c, d, e, f, g = _claim(store, "w1")
+    _completed(store.complete_and_ack("w1", [_request(a, emit("a-1"))])[0])
+
+    def refuse_b_complete_c(taker: ClaimedDelivery, other: ClaimedDelivery) -> None:
+        before = task(store, taker.delivery.task_id)
+        taken, done = store.complete_and_ack(
+            "w1",
+            [
+                _request(taker, emit("a-1")),
+                _request(other, emit(f"ok-{other.delivery.node_index}")),
+            ],
+        )
+        assert isinstance(taken, OutputPublicationError) and "already exist" in str(taken)
+        assert _completed(done).task_id == other.delivery.task_id
+        assert task(store, taker.delivery.task_id) == before
+        assert store.get_output_ids("run-1", taker.delivery.node_index) == ()
+        assert taker.delivery.delivery_id in _row_ids(store)
+        assert other.delivery.delivery_id not in _row_ids(store)
+
+    refuse_b_complete_c(b, c)
+    done = [2]
+    if isinstance(store, UnitOfWorkStore):
+        with store.unit_of_work():
+            refuse_b_complete_c(d, e)  # the unit's first write
+            refuse_b_complete_c(f, g)  # a later one
+        done += [4, 6]
+    assert [store.get_output_ids("run-1", i) for i in done] == [(f"ok-{i}",) for i in done]
+    assert store.get_output_ids("run-1", 0) == ("a-1",)

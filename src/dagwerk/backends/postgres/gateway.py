@@ -446,6 +446,9 @@ class PostgresGateway:
     connections in ``pg_stat_activity``.
     """
 
+    returning = True
+    """Statements may end in ``RETURNING``."""
+
     def __init__(
         self,
         url: str,

@@ -27,6 +27,7 @@ from dagwerk.store import InvalidStoreValueError, StoreContractError, TaskAttemp
 from dagwerk.topology import RunTopology
 from dagwerk.transitions import check_task_transition
 
+from ._recent import RecentOutputs
 from .gateway import Gateway, Row, Tx
 
 UNFINISHED = (TaskStatus.PENDING, TaskStatus.QUEUED, TaskStatus.RUNNING, TaskStatus.WAITING)
@@ -83,6 +84,16 @@ class FreshSnapshot(NamedTuple):
     published: dict[str, int]  # every valid output read: its node
 
 
+class FreshFrontier(NamedTuple):
+    """A run frontier's reads, taken inside a unit of work's write
+    transaction at write mark ``mark`` (see ``get_planning_snapshot``)."""
+
+    mark: object
+    run: Row  # with run_head's columns
+    nodes: frozenset[int]  # the node indices whose launches were read
+    launches: dict[int, Row]  # their active launches (launches_of_nodes rows)
+
+
 class SqlStoreBase:
     """Settings, caches and the helpers the mixins share."""
 
@@ -121,12 +132,16 @@ class SqlStoreBase:
         # transaction, with the gateway's write mark then: the launch that
         # follows it in the same transaction reuses its reads.
         self._fresh_snapshot: FreshSnapshot | None = None
+        # Likewise the last run frontier, for the snapshot that follows it.
+        self._fresh_frontier: FreshFrontier | None = None
         # Started runs without budget accounts (they never get any later).
         self._unbudgeted: FifoCache[str, bool] = FifoCache()
         # Tasks this process's dequeues crashed by dead-lettering (drained by
         # take_dead_lettered); appended only after the commit.
         self._dead_lettered: list[TaskAttemptRef] = []
         self._dead_lettered_lock = threading.Lock()
+        # Outputs this store committed lately, for its worker's next tasks.
+        self._recent_outputs = RecentOutputs()
 
     # -- identities and time --------------------------------------------------
 
@@ -143,6 +158,24 @@ class SqlStoreBase:
 
     def _now(self) -> float:
         return float(self._clock())
+
+    def _read_one(self, name: str, params: dict[str, object]) -> Row | None:
+        """The first row of one query in a read transaction of its own (on
+        SQLite without ``BEGIN``/``COMMIT``, see ``SqliteGateway.read_one``)."""
+        single = getattr(self._gw, "read_one", None)
+        if single is not None:
+            row: Row | None = single(name, params)
+            return row
+        with self._gw.read() as tx:
+            return tx.one(name, params)
+
+    def _after_commit(self, action: Callable[[], object]) -> None:
+        """Run ``action`` once what this thread has written so far is
+        committed: at once, unless a unit of work of the gateway holds the
+        writes (then at its commit, and never if it rolls back)."""
+        defer = getattr(self._gw, "after_commit", None)
+        if defer is None or not defer(action):
+            action()
 
     def _write_mark(self) -> object:
         """The gateway's write mark (SQLite's units of work), else ``None``."""

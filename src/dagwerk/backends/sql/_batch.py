@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Mapping, Sequence
+from functools import partial
 from typing import TypeVar
 
 from dagwerk.backends.errors import StoreUnavailableError
@@ -30,6 +31,7 @@ from dagwerk.store import (
     CompletionRequest,
     InvalidStoreValueError,
     LeasedDelivery,
+    StoreContractError,
     TaskRecord,
     validate_worker_id,
 )
@@ -175,10 +177,31 @@ class BatchMixin(TasksMixin, QueueMixin):
         texts = output_texts(output for item in items for output in item.outputs)
         for group in groups:
             run_id = runs.get(items[group[0]].task_id)
-            with self._gw.write() as tx:
-                self._complete_group(
-                    tx, worker_id, [(i, items[i]) for i in group], outcomes, texts, run_id=run_id
-                )
+            group_items = [(i, items[i]) for i in group]
+            try:
+                # One writer (SQLite): the outputs are inserted without first
+                # reading which of their IDs are taken; a taken one fails the
+                # insert, which undoes the group's writes, and the group is
+                # decided again with the read (nothing else wrote meanwhile).
+                with self._gw.write() as tx:
+                    written = self._complete_group(
+                        tx,
+                        worker_id,
+                        group_items,
+                        outcomes,
+                        texts,
+                        run_id=run_id,
+                        optimistic=self._one_writer(),
+                    )
+            except _OutputIdTaken:
+                for i in group:
+                    outcomes[i] = None
+                with self._gw.write() as tx:
+                    written = self._complete_group(
+                        tx, worker_id, group_items, outcomes, texts, run_id=run_id
+                    )
+            if written:
+                self._after_commit(partial(self._recent_outputs.add, written))
         return outcomes
 
     def _complete_group(
@@ -190,8 +213,11 @@ class BatchMixin(TasksMixin, QueueMixin):
         texts: Mapping[int, OutputTexts],
         *,
         run_id: str | None = None,
-    ) -> None:
-        """Every request of ``items`` in one transaction, with set-based writes.
+        optimistic: bool = False,
+    ) -> list[dict[str, object]]:
+        """Every request of ``items`` in one transaction, with set-based writes;
+        the output rows written. ``optimistic``: the taken output IDs are not
+        read; a taken one raises :class:`_OutputIdTaken` from the insert.
 
         The tasks are read in one statement, the run's taken output IDs in
         one per run; each request is then decided in order exactly as
@@ -235,7 +261,7 @@ class BatchMixin(TasksMixin, QueueMixin):
             for run_id, status in statuses.items()
             if self._charges_completions(tx, run_id, status)
         }
-        reserved = self._reserved_outputs(tx, items, rows, budgeted, known)
+        reserved = {} if optimistic else self._reserved_outputs(tx, items, rows, budgeted, known)
         batch = _CompletionBatch()
         for index, item in items:
             row = rows.get(item.task_id)
@@ -271,7 +297,8 @@ class BatchMixin(TasksMixin, QueueMixin):
                 continue
             taken.update(output.id for output in outputs)
             batch.add(index, item, row, prepared, worker_id)
-        self._write_completions(tx, batch, outcomes)
+        self._write_completions(tx, batch, outcomes, optimistic=optimistic)
+        return batch.outputs
 
     def _reserved_outputs(
         self,
@@ -303,17 +330,32 @@ class BatchMixin(TasksMixin, QueueMixin):
         }
 
     def _write_completions(
-        self, tx: Tx, batch: _CompletionBatch, outcomes: list[CompletionOutcome]
+        self,
+        tx: Tx,
+        batch: _CompletionBatch,
+        outcomes: list[CompletionOutcome],
+        *,
+        optimistic: bool = False,
     ) -> None:
         if batch.outputs:
-            tx.many("output_insert", batch.outputs)
+            try:
+                tx.many("output_insert", batch.outputs)
+            except StoreContractError as exc:
+                if optimistic:
+                    raise _OutputIdTaken from exc  # decided again with the read
+                raise
         # Each launch's counter moves once; the request that brought it to
         # its task count is the one that completed the launch. The counter's
         # update needs no answer: it travels with the launch's read (one
         # round trip on PostgreSQL).
+        returning = getattr(self._gw, "returning", False)
         for launch_id, positions in batch.by_launch.items():
-            tx.many("launch_count_completions", [{"launch_id": launch_id, "n": len(positions)}])
-            launch = tx.one("launch_by_id", {"launch_id": launch_id})
+            counted = {"launch_id": launch_id, "n": len(positions)}
+            if returning:
+                launch = tx.one("launch_count_returning", counted)
+            else:
+                tx.many("launch_count_completions", [counted])
+                launch = tx.one("launch_by_id", {"launch_id": launch_id})
             assert launch is not None
             before = launch["completed"] - len(positions)
             for k, position in enumerate(positions):
@@ -343,6 +385,10 @@ class BatchMixin(TasksMixin, QueueMixin):
             return exc
         tx.run("queue_ack", {"delivery_id": item.delivery_id, "worker_id": worker_id})
         return result
+
+
+class _OutputIdTaken(Exception):
+    """An optimistic output insert met a taken output ID (see ``complete_and_ack``)."""
 
 
 def _claimed(row: Row | None) -> TaskRecord | None:

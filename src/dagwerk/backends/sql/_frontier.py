@@ -8,7 +8,7 @@ from collections.abc import Sequence
 from dagwerk.constants import NodeDisposition, RunStatus
 from dagwerk.store import LaunchProgress, RunFrontier
 
-from ._base import SqlStoreBase
+from ._base import FreshFrontier, SqlStoreBase
 
 
 class FrontierMixin(SqlStoreBase):
@@ -21,10 +21,20 @@ class FrontierMixin(SqlStoreBase):
             if run is None:
                 return None
             launches: dict[int, LaunchProgress] = {}
+            rows = (
+                tx.all("launches_of_nodes", {"run_id": run_id, "nodes": json.dumps(nodes)})
+                if nodes
+                else []
+            )
+            mark = self._write_mark()
+            if mark is not None:
+                # Read inside a unit's write transaction: until the unit's
+                # next write, a planning snapshot needs none of it again.
+                self._fresh_frontier = FreshFrontier(
+                    mark, run, frozenset(nodes), {row["node_index"]: row for row in rows}
+                )
             if nodes:
-                for row in tx.all(
-                    "launches_of_nodes", {"run_id": run_id, "nodes": json.dumps(nodes)}
-                ):
+                for row in rows:
                     disposition = NodeDisposition(row["disposition"])
                     launches[row["node_index"]] = LaunchProgress(
                         launch_id=row["launch_id"],

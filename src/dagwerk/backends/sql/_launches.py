@@ -97,7 +97,14 @@ class LaunchesMixin(SqlStoreBase):
         total_limit = _limit(max_outputs_total, "max_outputs_total")
         byte_limit = _limit(max_routing_bytes, "max_routing_bytes")
         with self._gw.read() as tx:
-            run = self._run_head(tx, run_id)
+            fresh = self._fresh_frontier
+            if fresh is not None and (
+                fresh.mark != self._write_mark()
+                or fresh.run["run_id"] != run_id
+                or run_id not in self._topologies
+            ):
+                fresh = None  # written since, or another run's
+            run = self._run_head(tx, run_id) if fresh is None else fresh.run
             if run is None:
                 raise InvalidStoreValueError(f"run {run_id!r} does not exist", field="run_id")
             count = run["node_count"]
@@ -114,13 +121,16 @@ class LaunchesMixin(SqlStoreBase):
                     )
             # Only the sources' launches: reading every launch of the run made
             # each launch O(nodes).
-            launches = {
-                row["node_index"]: row
-                for row in tx.all(
-                    "launches_of_nodes",
-                    {"run_id": run_id, "nodes": json.dumps(sorted(set(source_indices.values())))},
-                )
-            }
+            sources = sorted(set(source_indices.values()))
+            if fresh is not None and fresh.nodes.issuperset(sources):
+                launches = {i: fresh.launches[i] for i in sources if i in fresh.launches}
+            else:
+                launches = {
+                    row["node_index"]: row
+                    for row in tx.all(
+                        "launches_of_nodes", {"run_id": run_id, "nodes": json.dumps(sources)}
+                    )
+                }
             outputs_by_edge: dict[str, tuple[OutputRef, ...]] = {}
             published: dict[str, int] = {}  # every valid output read: its node
             dispositions: dict[str, NodeDisposition] = {}
@@ -198,11 +208,8 @@ class LaunchesMixin(SqlStoreBase):
         with self._gw.write() as tx:
             run: Row | None
             published: Mapping[str, int] = {}
-            if (
-                fresh is not None
-                and fresh.token == snapshot_token
-                and fresh.mark == self._write_mark()
-            ):
+            mark = self._write_mark()
+            if fresh is not None and fresh.token == snapshot_token and fresh.mark == mark:
                 # The snapshot was read in this transaction with no write
                 # since: its run row, token, generation and the outputs it
                 # read are still what the database holds.
@@ -226,7 +233,20 @@ class LaunchesMixin(SqlStoreBase):
             # OR-19: a stale token wins over an existing launch.
             if snapshot_token != token:
                 return _STALE
-            existing = tx.one("launch_active", {"run_id": run_id, "node_index": node_index})
+            frontier = self._fresh_frontier
+            if (
+                mark is not None
+                and frontier is not None
+                and frontier.mark == mark
+                and frontier.run["run_id"] == run_id
+                and node_index in frontier.nodes
+                and node_index not in frontier.launches
+            ):
+                # The run frontier read in this transaction, with no write
+                # since, found no active launch of the node.
+                existing = None
+            else:
+                existing = tx.one("launch_active", {"run_id": run_id, "node_index": node_index})
             if existing is not None:
                 if existing["generation"] != generation:
                     return _STALE
@@ -421,22 +441,41 @@ class LaunchesMixin(SqlStoreBase):
         if not ids:
             return {}
         with self._gw.read() as tx:
-            found: dict[str, ResolvedOutput] = {}
-            for row in tx.all(
-                "outputs_resolve", {"run_id": run_id, "ids": json.dumps(sorted(set(ids)))}
-            ):
-                found[row["output_id"]] = trusted_model(
-                    ResolvedOutput,
-                    {
-                        "id": row["output_id"],
-                        "fields": loads_object(row["fields"]),
-                        "data": MappingProxyType(json.loads(row["data"])),
-                    },
+            found = {
+                row["output_id"]: _resolved(row["output_id"], row["fields"], row["data"])
+                for row in tx.all(
+                    "outputs_resolve", {"run_id": run_id, "ids": json.dumps(sorted(set(ids)))}
                 )
+            }
             # Keyed in request order, like the reference store.
             return {output_id: found[output_id] for output_id in output_ids if output_id in found}
+
+    def resolve_recent_outputs(
+        self, run_id: str, output_ids: tuple[str, ...]
+    ) -> Mapping[str, ResolvedOutput]:
+        """``resolve_outputs`` for a task this worker claimed: when this store
+        object itself committed every one of the outputs lately, they come
+        from memory (``_recent.py`` says why that is safe for a claimed
+        task, and only for one), else from the table."""
+        ids = tuple(dict.fromkeys(oid for oid in output_ids if isinstance(oid, str)))
+        texts = self._recent_outputs.get(run_id, ids) if ids else None
+        if texts is None:
+            return self.resolve_outputs(run_id, output_ids)
+        return {oid: _resolved(oid, *texts[oid]) for oid in output_ids if oid in texts}
 
     def get_output_ids(self, run_id: str, node_index: int) -> tuple[str, ...]:
         with self._gw.read() as tx:
             rows = tx.all("output_ids_of_node", {"run_id": run_id, "node_index": node_index})
             return tuple(row["output_id"] for row in rows)
+
+
+def _resolved(output_id: str, fields: str, data: str) -> ResolvedOutput:
+    """A stored output's resolved form (parsed afresh: plugins get their own copy)."""
+    return trusted_model(
+        ResolvedOutput,
+        {
+            "id": output_id,
+            "fields": loads_object(fields),
+            "data": MappingProxyType(json.loads(data)),
+        },
+    )

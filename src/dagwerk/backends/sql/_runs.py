@@ -93,9 +93,8 @@ class RunsMixin(SqlStoreBase):
             return True
 
     def get_run_status(self, run_id: str) -> RunStatus | None:
-        with self._gw.read() as tx:
-            row = tx.one("run_status", {"run_id": run_id})
-            return None if row is None else RunStatus(row["status"])
+        row = self._read_one("run_status", {"run_id": run_id})
+        return None if row is None else RunStatus(row["status"])
 
     def get_run_nodes(self, run_id: str) -> list[DagNode] | None:
         with self._gw.read() as tx:

@@ -11,6 +11,7 @@ every driver error into :mod:`dagwerk.backends.errors`.
 
 from __future__ import annotations
 
+import logging
 import os
 
 try:
@@ -21,8 +22,8 @@ import sqlite3
 import threading
 import time
 import weakref
-from collections.abc import Iterable, Iterator, Sequence
-from contextlib import AbstractContextManager, ExitStack, contextmanager, suppress
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from contextlib import AbstractContextManager, contextmanager, suppress
 from pathlib import Path
 
 from dagwerk.backends.errors import (
@@ -37,6 +38,8 @@ from dagwerk.backends.sqlite import _wake
 from dagwerk.backends.sqlite._checkpoint import Checkpointer
 from dagwerk.errors import DagwerkError
 from dagwerk.store import InvalidStoreValueError, StoreContractError
+
+_LOG = logging.getLogger("dagwerk.backends.sqlite")
 
 __all__ = ["QUERIES", "SqliteGateway", "translate_error"]
 
@@ -167,6 +170,9 @@ class SqliteGateway:
     """One database-wide write lock: a transaction never waits on row locks, so
     a batch of several runs' transitions cannot deadlock (see sql/_batch.py)."""
 
+    returning = sqlite3.sqlite_version_info >= (3, 35, 0)
+    """Whether statements may end in ``RETURNING`` (SQLite 3.35, 2021, or later)."""
+
     def __init__(
         self,
         path: str,
@@ -215,7 +221,9 @@ class SqliteGateway:
         # the current one: what write_mark() tells apart.
         self._units_begun = 0
         self._unit_writes = 0
-        self._unit_stack: ExitStack | None = None
+        self._unit_closer: AbstractContextManager[_Tx] | None = None
+        # What the unit's commit is to run (after_commit()).
+        self._unit_after: list[Callable[[], object]] = []
 
     def work_epoch(self) -> int:
         """The count of waking commits so far (pass it to :meth:`wait_for_work`)."""
@@ -428,24 +436,54 @@ class SqliteGateway:
         The transaction begins (``BEGIN IMMEDIATE``) at the block's first
         write, so work before it, such as encoding a completion's outputs,
         does not hold the database's write lock; a read before that first
-        write is a transaction of its own, as outside a block. From the first
-        write on, a joined write runs in a savepoint, so one that raises
-        undoes only its own statements, and a joined read runs in the block's
-        transaction and sees its writes. The block commits when it ends and
-        rolls back when an exception leaves it; waking commits wake the
-        waiting dequeues only after that commit. Other threads wait for the
-        block from its first write on (it holds the connection); an inner
-        block joins the outer one.
+        write is a transaction of its own, as outside a block. A joined write
+        that raises undoes only its own statements: the first write by
+        rolling the (so far only its) transaction back, so that the block's
+        next write begins afresh; every later one by a savepoint around it.
+        A joined read runs in the block's transaction and sees its writes.
+        The block commits when it ends and rolls back when an exception
+        leaves it; waking commits wake the waiting dequeues only after that
+        commit. Other threads wait for the block from its first write on (it
+        holds the connection); an inner block joins the outer one.
         """
         if self._unit_owner == threading.get_ident():
             yield
             return
-        with ExitStack() as stack:
-            self._unit_owner, self._unit_stack = threading.get_ident(), stack
+        self._unit_owner = threading.get_ident()
+        try:
             try:
                 yield
-            finally:
-                self._unit_tx, self._unit_owner, self._unit_stack = None, None, None
+            except BaseException as exc:
+                closer = self._end_unit()
+                if closer is None or not closer.__exit__(type(exc), exc, exc.__traceback__):
+                    raise
+            else:
+                after = self._unit_after
+                closer = self._end_unit()
+                if closer is not None:
+                    closer.__exit__(None, None, None)  # commits
+                    for action in after:
+                        try:
+                            action()
+                        except Exception:  # the commit stands: never report it failed
+                            _LOG.exception("an action after a unit of work's commit failed")
+        finally:
+            self._unit_tx, self._unit_closer, self._unit_owner = None, None, None
+
+    def _end_unit(self) -> AbstractContextManager[_Tx] | None:
+        closer, self._unit_tx, self._unit_closer = self._unit_closer, None, None
+        self._unit_after = []
+        return closer
+
+    def after_commit(self, action: Callable[[], object]) -> bool:
+        """Inside the calling thread's unit of work, once its transaction
+        has begun: run ``action`` after the unit commits (never if it rolls
+        back) and answer True. Elsewhere False: nothing of the caller's
+        is pending, its writes have committed."""
+        if self._unit_owner != threading.get_ident() or self._unit_tx is None:
+            return False
+        self._unit_after.append(action)
+        return True
 
     @contextmanager
     def _joined(self, begin: str) -> Iterator[_Tx]:
@@ -456,11 +494,8 @@ class SqliteGateway:
                 with self._own_transaction(begin) as own:
                     yield own
                 return
-            stack = self._unit_stack
-            assert stack is not None
-            tx = self._unit_tx = stack.enter_context(self._own_transaction("BEGIN IMMEDIATE"))
-            self._units_begun += 1
-            self._unit_writes = 0
+            yield from self._first_write()
+            return
         if begin != "BEGIN IMMEDIATE":
             yield tx
             return
@@ -483,6 +518,24 @@ class SqliteGateway:
             conn.execute("RELEASE dagwerk_call")
         except sqlite3.Error as exc:
             raise translate_error(exc, "cannot release a savepoint") from exc
+
+    def _first_write(self) -> Iterator[_Tx]:
+        """The unit's first write begins its transaction, without a savepoint
+        (two statements fewer per unit): the transaction holds nothing else
+        yet, so a failing first write rolls all of it back."""
+        closer = self._own_transaction("BEGIN IMMEDIATE")
+        tx = closer.__enter__()
+        self._unit_tx, self._unit_closer = tx, closer
+        self._units_begun += 1
+        self._unit_writes = 0
+        try:
+            yield tx
+        except BaseException as exc:
+            self._end_unit()
+            if not closer.__exit__(type(exc), exc, exc.__traceback__):
+                raise
+        finally:
+            self._unit_writes += 1
 
     @contextmanager
     def _own_transaction(self, begin: str) -> Iterator[_Tx]:
@@ -514,6 +567,18 @@ class SqliteGateway:
             with self._waker.cond:
                 self._waker.epoch += 1
                 self._waker.cond.notify_all()
+
+    def read_one(self, name: str, params: Params | None = None) -> Row | None:
+        """The first row of one query, read without ``BEGIN`` and ``COMMIT``
+        (two statements fewer): SQLite runs a lone statement in a read
+        transaction of its own, which ends once all its rows are fetched.
+        Inside the calling thread's unit of work, once that has written, the
+        query runs in the unit's transaction and sees its writes."""
+        if self._unit_owner == threading.get_ident() and self._unit_tx is not None:
+            return self._unit_tx.one(name, params)
+        with self._lock:
+            rows = _Tx(self._connection()).all(name, params)
+        return rows[0] if rows else None
 
     def write(self) -> AbstractContextManager[_Tx]:
         """A write transaction: ``BEGIN IMMEDIATE`` ... ``COMMIT``."""

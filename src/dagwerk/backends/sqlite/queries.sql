@@ -135,8 +135,10 @@ SELECT run_id, status, epoch, node_count, run_input FROM dagwerk_runs WHERE run_
 
 -- name: run_frontier
 -- Status, complete launches (counted only when :count = 1: it reads every
--- launch of the run) and whether anything failed, for a targeted reconcile.
-SELECT r.status, r.node_count,
+-- launch of the run) and whether anything failed, for a targeted reconcile;
+-- with run_head's columns, which a planning snapshot that follows in the same
+-- SQLite unit of work reuses.
+SELECT r.run_id, r.status, r.epoch, r.node_count, r.run_input,
        CASE WHEN :count = 1 THEN
            (SELECT count(*) FROM dagwerk_launches l
              WHERE l.run_id = r.run_id AND l.active = 1
@@ -210,6 +212,12 @@ WHERE t.task_id IN (SELECT value FROM json_each(:ids)) AND :first IS NOT NULL;
 
 -- name: launch_count_completions
 UPDATE dagwerk_launches SET completed = completed + :n WHERE launch_id = :launch_id;
+
+-- name: launch_count_returning
+-- launch_count_completions answering the counter and the launch's task count
+-- (where the database has RETURNING: SQLite 3.35 or later).
+UPDATE dagwerk_launches SET completed = completed + :n WHERE launch_id = :launch_id
+RETURNING completed, task_count;
 
 -- name: tasks_runs
 SELECT task_id, run_id FROM dagwerk_tasks
