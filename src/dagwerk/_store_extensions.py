@@ -274,9 +274,16 @@ class UnitOfWorkStore(Protocol):
     for the block. Callers must not act on a call's result outside the store
     (callbacks, acknowledgements to others) before the block has committed.
     Blocks nest: an inner block joins the outer one.
+
+    A block entered with ``all_or_nothing=True`` (usually an inner one) gives
+    up the calls' own atomicity for speed: a call that raises inside it
+    dooms the whole unit, whose later calls raise and which rolls back at
+    its end, raising :class:`~dagwerk.store.StoreContractError` even if the
+    caller swallowed the first error. For callers that let every error
+    leave the unit anyway.
     """
 
-    def unit_of_work(self) -> AbstractContextManager[None]:
+    def unit_of_work(self, *, all_or_nothing: bool = False) -> AbstractContextManager[None]:
         """The block's context manager."""
         ...
 

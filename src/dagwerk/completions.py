@@ -76,7 +76,10 @@ def complete_attempts(
         return _complete(store, worker_id, items, callbacks, limits)
     deferred = _DeferredCallbacks()
     with store.unit_of_work():
-        outcomes = _complete(store, worker_id, items, deferred.callbacks, limits)
+        # Any error of the completions and their reconciles leaves the unit
+        # (rolling all of it back), so their writes need no savepoints.
+        with store.unit_of_work(all_or_nothing=True):
+            outcomes = _complete(store, worker_id, items, deferred.callbacks, limits)
         if then is not None:
             try:
                 then()

@@ -27,8 +27,16 @@ from dagwerk.constants import RunStatus, TaskStatus
 from dagwerk.engine import Engine
 from dagwerk.models import DagNode
 from dagwerk.orchestrator import OrchestratorCallbacks
-from dagwerk.store import InvalidStoreValueError, UnitOfWorkStore
-from dagwerk.testing.helpers import chain
+from dagwerk.store import (
+    ClaimedDelivery,
+    CompletionRequest,
+    InvalidStoreValueError,
+    OutputPublicationError,
+    StoreContractError,
+    TaskCompletionResult,
+    UnitOfWorkStore,
+)
+from dagwerk.testing.helpers import chain, emit, new_run, root
 
 _NODES = [DagNode(slug="a", plugin="p")]
 
@@ -152,6 +160,88 @@ def test_a_raising_first_write_gives_the_write_lock_back_and_the_next_one_begins
         assert statements.count("ROLLBACK") == 1
         assert statements.count("SAVEPOINT dagwerk_call") == 1
         assert statements.count("RELEASE dagwerk_call") == 1
+
+
+def _scratch_tables(store: SqliteStore) -> int:
+    with store._sqlite.read() as tx:
+        found: int = tx._conn.execute(
+            "SELECT count(*) FROM sqlite_master WHERE name LIKE 'scratch%'"
+        ).fetchone()[0]
+    return found
+
+
+def test_an_all_or_nothing_block_runs_its_writes_without_savepoints(db: Path) -> None:
+    with SqliteStore(str(db)) as store, SqliteStore(str(db)) as other:
+        conn = store._sqlite._connection()
+        statements: list[str] = []
+        conn.set_trace_callback(statements.append)
+        with store.unit_of_work():
+            with store.unit_of_work(all_or_nothing=True):
+                assert store.create_run("r1", _NODES)  # the first write
+                assert store.create_run("r2", _NODES)
+            assert store.create_run("r3", _NODES)  # after the block: guarded again
+        conn.set_trace_callback(None)
+        assert statements.count("SAVEPOINT dagwerk_call") == 1
+        assert [other.get_run_status(r) for r in ("r1", "r2", "r3")] == [RunStatus.PENDING] * 3
+
+
+def test_a_swallowed_failure_in_an_all_or_nothing_block_dooms_the_unit(db: Path) -> None:
+    with SqliteStore(str(db)) as store, SqliteStore(str(db)) as other:
+        gateway = store._sqlite
+        unit = store.unit_of_work(all_or_nothing=True)
+        with pytest.raises(StoreContractError, match="all-or-nothing"), unit:
+            assert store.create_run("r1", _NODES)
+            try:
+                with gateway.write() as tx:
+                    tx._conn.execute("CREATE TABLE scratch_a (a)")
+                    raise RuntimeError("after a write, and swallowed")
+            except RuntimeError:
+                pass
+            # Whatever comes later in the unit is refused ...
+            with pytest.raises(StoreContractError, match="all-or-nothing"):
+                store.create_run("r2", _NODES)
+            with pytest.raises(StoreContractError, match="all-or-nothing"):
+                store.get_run_status("r1")
+        # ... and nothing of the unit is kept, the half-done write included.
+        assert other.get_run_status("r1") is None
+        assert _scratch_tables(other) == 0
+        assert store.create_run("r1", _NODES)  # the gateway is usable again
+        assert other.get_run_status("r1") is RunStatus.PENDING
+
+
+def test_a_failure_leaving_an_all_or_nothing_block_rolls_the_unit_back(db: Path) -> None:
+    with SqliteStore(str(db)) as store, SqliteStore(str(db)) as other:
+        gateway = store._sqlite
+        with pytest.raises(RuntimeError, match="leaves"), store.unit_of_work(all_or_nothing=True):
+            assert store.create_run("r1", _NODES)
+            with gateway.write() as tx:
+                tx._conn.execute("CREATE TABLE scratch_b (a)")
+                raise RuntimeError("leaves the unit")
+        assert other.get_run_status("r1") is None
+        assert _scratch_tables(other) == 0
+
+
+def test_an_optimistic_completion_reads_taken_ids_where_it_could_not_be_undone(
+    db: Path,
+) -> None:
+    # complete_and_ack inserts outputs without reading the taken IDs only
+    # where a failed insert is undone alone; in an all-or-nothing block after
+    # the unit's first write it reads them, so a taken ID is refused (not a
+    # doomed unit).
+    with SqliteStore(str(db)) as store:
+        new_run(store, [root("a"), root("b")])
+        first, second = store.claim_deliveries("w1", limit=2, lease_seconds=30.0)
+
+        def request(entry: ClaimedDelivery) -> CompletionRequest:
+            row = entry.delivery
+            return CompletionRequest(row.task_id, row.attempt_id, emit("same"), row.delivery_id)
+
+        assert isinstance(store.complete_and_ack("w1", [request(first)])[0], TaskCompletionResult)
+        with store.unit_of_work(all_or_nothing=True):
+            assert store.create_run("r-other", _NODES)  # the unit's first write
+            (refused,) = store.complete_and_ack("w1", [request(second)])
+        assert isinstance(refused, OutputPublicationError)
+        assert store.get_run_status("r-other") is RunStatus.PENDING
 
 
 def test_blocks_nest(db: Path) -> None:

@@ -225,8 +225,11 @@ def test_a_reconcile_inside_a_writing_unit_reads_each_thing_once(
     # The snapshot reuses the frontier's run row and launches; the launch
     # reuses the snapshot's.
     assert statements["run_frontier"] == 1 and statements["run_head"] == 0, statements
-    assert statements["launches_of_nodes"] == 1, statements
-    assert statements["nodes_of_indices"] == 1, statements
+    # The frontier read the nodes with their launches; the snapshot needs
+    # neither again.
+    assert statements["frontier_of_nodes"] == 1, statements
+    assert statements["launches_of_nodes"] == 0, statements
+    assert statements["nodes_of_indices"] == 0, statements
     assert statements["outputs_valid_by_ids"] == 0, statements
     # The frontier saw that node 2 had no launch yet.
     assert statements["launch_active"] == 0, statements
@@ -269,19 +272,21 @@ def test_a_launch_the_frontier_saw_is_read_and_reported_as_existing(
     "case",
     [
         # Nothing written, the sources among the frontier's nodes: no read.
-        (False, {"in": 1}, 0, 0),
+        (False, [1, 2], {"in": 1}, (0, 0, 0)),
         # A write came between: the frontier's reads may be stale.
-        (True, {"in": 1}, 1, 1),
+        (True, [1, 2], {"in": 1}, (1, 1, 1)),
         # A source the frontier did not read: its launches are read.
-        (False, {"in": 1, "other": 3}, 0, 1),
+        (False, [1, 2], {"in": 1, "other": 3}, (0, 1, 0)),
+        # The frontier did not read the node's source (the token's rows).
+        (False, [2], {"in": 1}, (0, 1, 1)),
     ],
 )
 def test_a_snapshot_reuses_its_frontier_only_with_no_write_between(
     tmp_path: Path,
     statements: Counter[str],
-    case: tuple[bool, dict[str, int], int, int],
+    case: tuple[bool, list[int], dict[str, int], tuple[int, int, int]],
 ) -> None:
-    between, sources, head, launch_reads = case
+    between, read, sources, (head, launch_reads, node_reads) = case
     store = SqliteStore(f"sqlite:///{tmp_path / 'frontier-memo.db'}")
     try:
         log = new_run(store, chain(5))
@@ -290,8 +295,8 @@ def test_a_snapshot_reuses_its_frontier_only_with_no_write_between(
         _hop(store, log, 1)
         with store.unit_of_work():
             assert store.create_run("run-2", chain(1))  # the unit's first write
-            frontier = store.get_run_frontier("run-1", [1, 2])
-            assert frontier is not None and set(frontier.launches) == {1}
+            frontier = store.get_run_frontier("run-1", read)
+            assert frontier is not None and set(frontier.launches) == {1} & set(read)
             if between:
                 with store._gw.write() as tx:
                     tx.run("node_bump", {"run_id": "run-1", "node_index": 1})
@@ -320,6 +325,8 @@ def test_a_snapshot_reuses_its_frontier_only_with_no_write_between(
         store.close()
     assert found["run_head"] == head, found
     assert found["launches_of_nodes"] == launch_reads, found
+    # The token's rows: the node's and its sources' in the run's topology.
+    assert found["nodes_of_indices"] == node_reads, found
 
 
 def test_a_plan_naming_outputs_beyond_its_snapshot_is_checked_against_the_table(
@@ -360,12 +367,12 @@ def test_a_plan_naming_outputs_beyond_its_snapshot_is_checked_against_the_table(
         store.close()
 
 
-def test_a_worker_hop_in_a_chain_takes_25_statements(tmp_path: Path) -> None:
+def test_a_worker_hop_in_a_chain_takes_22_statements(tmp_path: Path) -> None:
     """The whole hop as the batched worker takes it on SQLite: one write
-    transaction (complete, reconcile, launch, claim ahead: its first write
-    needs no savepoint) and the run's status read alone; the child's input
+    transaction (complete, reconcile and launch without savepoints, then the
+    claim ahead in one) and the run's status read alone; the child's input
     comes from the outputs the worker just committed. Issue 9 took it from
-    41 statements to 25; this keeps it there."""
+    41 statements to 22; this keeps it there."""
     engine = Engine(f"sqlite:///{tmp_path / 'hop.db'}")
     for n in range(12):
         engine.plugin(f"n{n}")(lambda inputs, ctx: [{"n": 1}])
@@ -384,8 +391,8 @@ def test_a_worker_hop_in_a_chain_takes_25_statements(tmp_path: Path) -> None:
     conn.set_trace_callback(None)
     kinds = Counter(s.split()[0] for s in traced)
     assert kinds["BEGIN"] == hops and kinds["COMMIT"] == hops, kinds
-    assert kinds["SAVEPOINT"] == 2 * hops, kinds  # the launch and the claim
-    assert len(traced) == 25 * hops, Counter(traced).most_common(5)
+    assert kinds["SAVEPOINT"] == hops, kinds  # the claim's
+    assert len(traced) == 22 * hops, Counter(traced).most_common(5)
     worker.run_until_idle()
     assert engine.store.get_run_status(run_id) is RunStatus.COMPLETED
     engine.close()

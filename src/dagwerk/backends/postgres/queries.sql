@@ -172,6 +172,18 @@ WHERE run_id = :run_id AND active = 1
   AND node_index = ANY (ARRAY(
       SELECT CAST(jsonb_array_elements_text(CAST(:nodes AS jsonb)) AS bigint)));
 
+-- name: frontier_of_nodes
+-- Generation and revision of some nodes of a run (a JSON list of node
+-- indices), each with its active launch's columns (NULL without one).
+SELECT n.node_index, n.generation AS node_generation, n.revision,
+       l.launch_id, l.generation, l.disposition, l.task_count, l.completed
+FROM dagwerk_nodes n
+LEFT JOIN dagwerk_launches l
+       ON l.run_id = n.run_id AND l.node_index = n.node_index AND l.active = 1
+WHERE n.run_id = :run_id
+  AND n.node_index = ANY (ARRAY(
+      SELECT CAST(jsonb_array_elements_text(CAST(:nodes AS jsonb)) AS bigint)));
+
 -- name: nodes_of_indices
 -- Generation and revision of some nodes of a run (a JSON list of node indices).
 SELECT node_index, generation, revision FROM dagwerk_nodes

@@ -90,8 +90,9 @@ class FreshFrontier(NamedTuple):
 
     mark: object
     run: Row  # with run_head's columns
-    nodes: frozenset[int]  # the node indices whose launches were read
-    launches: dict[int, Row]  # their active launches (launches_of_nodes rows)
+    nodes: frozenset[int]  # the node indices read
+    launches: dict[int, Row]  # their active launches (frontier_of_nodes rows)
+    node_rows: dict[int, Row]  # every existing one's row (node_generation, revision)
 
 
 class SqlStoreBase:
@@ -358,16 +359,25 @@ class SqlStoreBase:
         revision of each of its sources: any change makes it stale."""
         return self._token_and_generation(tx, run, node_index)[0]
 
-    def _token_and_generation(self, tx: Tx, run: Row, node_index: int) -> tuple[str, int]:
+    def _token_and_generation(
+        self, tx: Tx, run: Row, node_index: int, fresh: FreshFrontier | None = None
+    ) -> tuple[str, int]:
         """:meth:`_token` and the node's generation, from the rows of the node
-        and its sources only (reading every node made each launch O(nodes))."""
+        and its sources only (reading every node made each launch O(nodes));
+        from ``fresh`` (a frontier read in this transaction with no write
+        since) when it read them all."""
         sources = sorted(set(self._topology(run).dependencies[node_index]))
-        rows = tx.all(
-            "nodes_of_indices",
-            {"run_id": run["run_id"], "nodes": json.dumps([node_index, *sources])},
-        )
-        generations = {row["node_index"]: row["generation"] for row in rows}
-        revisions_by = {row["node_index"]: row["revision"] for row in rows}
+        wanted = [node_index, *sources]
+        if fresh is not None and fresh.nodes.issuperset(wanted):
+            found = [fresh.node_rows[i] for i in wanted if i in fresh.node_rows]
+            generations = {row["node_index"]: row["node_generation"] for row in found}
+            revisions_by = {row["node_index"]: row["revision"] for row in found}
+        else:
+            rows = tx.all(
+                "nodes_of_indices", {"run_id": run["run_id"], "nodes": json.dumps(wanted)}
+            )
+            generations = {row["node_index"]: row["generation"] for row in rows}
+            revisions_by = {row["node_index"]: row["revision"] for row in rows}
         revisions = ",".join(f"{s}:{revisions_by[s]}" for s in sources)
         generation: int = generations[node_index]
         token = f"{run['run_id']}|{run['epoch']}|{node_index}|{generation}|{revisions}"

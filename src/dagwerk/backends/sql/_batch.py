@@ -48,6 +48,10 @@ class BatchMixin(TasksMixin, QueueMixin):
     def _one_writer(self) -> bool:
         return bool(getattr(self._gw, "serialises_writers", False))
 
+    def _undoes_a_failed_write(self) -> bool:
+        undoes = getattr(self._gw, "undoes_a_failed_write", None)
+        return True if undoes is None else bool(undoes())
+
     def claim_deliveries(
         self,
         worker_id: str,
@@ -178,6 +182,7 @@ class BatchMixin(TasksMixin, QueueMixin):
         for group in groups:
             run_id = runs.get(items[group[0]].task_id)
             group_items = [(i, items[i]) for i in group]
+            optimistic = self._one_writer() and self._undoes_a_failed_write()
             try:
                 # One writer (SQLite): the outputs are inserted without first
                 # reading which of their IDs are taken; a taken one fails the
@@ -191,7 +196,7 @@ class BatchMixin(TasksMixin, QueueMixin):
                         outcomes,
                         texts,
                         run_id=run_id,
-                        optimistic=self._one_writer(),
+                        optimistic=optimistic,
                     )
             except _OutputIdTaken:
                 for i in group:

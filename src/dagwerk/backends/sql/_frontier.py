@@ -21,20 +21,27 @@ class FrontierMixin(SqlStoreBase):
             if run is None:
                 return None
             launches: dict[int, LaunchProgress] = {}
+            # The nodes' generations and revisions come along (one statement):
+            # a planning snapshot in the same unit of work needs them next.
             rows = (
-                tx.all("launches_of_nodes", {"run_id": run_id, "nodes": json.dumps(nodes)})
+                tx.all("frontier_of_nodes", {"run_id": run_id, "nodes": json.dumps(nodes)})
                 if nodes
                 else []
             )
+            active = [row for row in rows if row["launch_id"] is not None]
             mark = self._write_mark()
             if mark is not None:
                 # Read inside a unit's write transaction: until the unit's
                 # next write, a planning snapshot needs none of it again.
                 self._fresh_frontier = FreshFrontier(
-                    mark, run, frozenset(nodes), {row["node_index"]: row for row in rows}
+                    mark,
+                    run,
+                    frozenset(nodes),
+                    {row["node_index"]: row for row in active},
+                    {row["node_index"]: row for row in rows},
                 )
             if nodes:
-                for row in rows:
+                for row in active:
                     disposition = NodeDisposition(row["disposition"])
                     launches[row["node_index"]] = LaunchProgress(
                         launch_id=row["launch_id"],

@@ -179,7 +179,7 @@ class LaunchesMixin(SqlStoreBase):
                             stopped = True
                             break
                 outputs_by_edge[name] = tuple(edge)
-            token, generation = self._token_and_generation(tx, run, node_index)
+            token, generation = self._token_and_generation(tx, run, node_index, fresh)
             mark = self._write_mark()
             if mark is not None:
                 # Read inside a unit's write transaction: until the unit's

@@ -127,10 +127,10 @@ class SqliteStore(SqlStore):
     def path(self) -> str:
         return self._sqlite.path
 
-    def unit_of_work(self) -> AbstractContextManager[None]:
+    def unit_of_work(self, *, all_or_nothing: bool = False) -> AbstractContextManager[None]:
         """The calling thread's store calls inside the block share one write
         transaction (:class:`~dagwerk.store.UnitOfWorkStore`)."""
-        return self._sqlite.unit()
+        return self._sqlite.unit(all_or_nothing=all_or_nothing)
 
     def close(self) -> None:
         """Close this process's connection; the store is unusable afterwards."""
