@@ -4,6 +4,7 @@ the run nor grow with the run's size."""
 
 from __future__ import annotations
 
+import json
 from collections import Counter
 from collections.abc import Iterator
 from pathlib import Path
@@ -367,12 +368,12 @@ def test_a_plan_naming_outputs_beyond_its_snapshot_is_checked_against_the_table(
         store.close()
 
 
-def test_a_worker_hop_in_a_chain_takes_22_statements(tmp_path: Path) -> None:
+def test_a_worker_hop_in_a_chain_takes_21_statements(tmp_path: Path) -> None:
     """The whole hop as the batched worker takes it on SQLite: one write
     transaction (complete, reconcile and launch without savepoints, then the
     claim ahead in one) and the run's status read alone; the child's input
     comes from the outputs the worker just committed. Issue 9 took it from
-    41 statements to 22; this keeps it there."""
+    41 statements to 21; this keeps it there."""
     engine = Engine(f"sqlite:///{tmp_path / 'hop.db'}")
     for n in range(12):
         engine.plugin(f"n{n}")(lambda inputs, ctx: [{"n": 1}])
@@ -392,7 +393,88 @@ def test_a_worker_hop_in_a_chain_takes_22_statements(tmp_path: Path) -> None:
     kinds = Counter(s.split()[0] for s in traced)
     assert kinds["BEGIN"] == hops and kinds["COMMIT"] == hops, kinds
     assert kinds["SAVEPOINT"] == hops, kinds  # the claim's
-    assert len(traced) == 22 * hops, Counter(traced).most_common(5)
+    assert len(traced) == 21 * hops, Counter(traced).most_common(5)
     worker.run_until_idle()
     assert engine.store.get_run_status(run_id) is RunStatus.COMPLETED
     engine.close()
+
+
+def _launch_in_unit(store: SqliteStore, log: CallbackLog) -> None:
+    """Complete node 1 of a chain and launch node 2, in the caller's unit."""
+    _hop(store, log, 1)
+    reconcile_after_completion(store, "run-1", [1], callbacks=log.callbacks)
+
+
+def test_the_claim_after_a_launch_in_a_unit_reads_no_task_rows(
+    tmp_path: Path, statements: Counter[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    read_ids: list[list[str]] = []
+    execute = sqlite_gateway._Tx._execute
+
+    def spy(self: sqlite_gateway._Tx, name: str, params: dict[str, object]) -> object:
+        if name == "tasks_claimable_many":
+            read_ids.append(json.loads(str(params["ids"])))
+        return execute(self, name, params)
+
+    monkeypatch.setattr(sqlite_gateway._Tx, "_execute", spy)
+    store = SqliteStore(f"sqlite:///{tmp_path / 'claim-fresh.db'}")
+    try:
+        log = new_run(store, chain(4))
+        _hop(store, log, 0)
+        reconcile_after_completion(store, "run-1", [0], callbacks=log.callbacks)
+        with store.unit_of_work():
+            _launch_in_unit(store, log)
+            kept = dict(store._fresh_tasks.rows) if store._fresh_tasks else {}
+            (task_id,) = kept
+            with store._sqlite.read() as tx:
+                stored = tx.one("tasks_claimable_many", {"ids": f'["{task_id}"]', "first": 1})
+            assert stored is not None
+            # What the launch kept is the row a claim would read, column by
+            # column (a new column of the table fails here first).
+            columns = stored.keys()  # a sqlite3.Row iterates its values
+            assert {k: stored[k] for k in columns if k != "seq"} == kept[task_id]
+            statements.clear()
+            read_ids.clear()
+            # (The helper's hops left their own rows in the queue: their
+            # tasks are done, so those claims are refused after a read.)
+            claims = store.claim_deliveries("w1", limit=4, lease_seconds=30.0)
+            found = Counter(statements)
+        (claimed,) = [c for c in claims if c.delivery.task_id == task_id]
+        assert claimed.task is not None and claimed.task.task_id == task_id
+        assert claimed.task == store.get_task(task_id)
+    finally:
+        store.close()
+    # One read, for the old rows' tasks only.
+    assert found["tasks_claimable_many"] == 1, found
+    assert read_ids == [[c.delivery.task_id for c in claims if c.delivery.task_id != task_id]]
+
+
+def test_a_write_between_launch_and_claim_makes_the_claim_read_its_tasks(
+    tmp_path: Path, statements: Counter[str]
+) -> None:
+    store = SqliteStore(f"sqlite:///{tmp_path / 'claim-stale.db'}")
+    try:
+        log = new_run(store, chain(4))
+        _hop(store, log, 0)
+        reconcile_after_completion(store, "run-1", [0], callbacks=log.callbacks)
+        with store.unit_of_work():
+            _launch_in_unit(store, log)
+            (task_id,) = store._fresh_tasks.rows if store._fresh_tasks else {}
+            # Another write of the unit: here the task's own attempt moves on.
+            record = store.get_task(task_id)
+            assert record is not None
+            assert claim_task(
+                store,
+                task_id,
+                expected_attempt_id=record.attempt_id,
+                expected_generation=record.generation,
+            )
+            statements.clear()
+            claimed = store.claim_deliveries("w1", limit=4, lease_seconds=30.0)
+            found = Counter(statements)
+        # The row was read, and the claim refused: the task is RUNNING already.
+        assert [c.task for c in claimed] == [None] * len(claimed)
+        assert task_id in [c.delivery.task_id for c in claimed]
+    finally:
+        store.close()
+    assert found["tasks_claimable_many"] == 1, found

@@ -95,6 +95,19 @@ class FreshFrontier(NamedTuple):
     node_rows: dict[int, Row]  # every existing one's row (node_generation, revision)
 
 
+FRESH_TASKS = 256
+"""Tasks of a unit's launches kept for a claim in the same unit, at most."""
+
+
+class FreshTasks(NamedTuple):
+    """QUEUED tasks the launches of a unit of work inserted, as a claim's
+    ``tasks_claimable_many`` would read them, valid at write mark ``mark``
+    (see ``_remember_queued``)."""
+
+    mark: object
+    rows: dict[str, dict[str, object]]
+
+
 class SqlStoreBase:
     """Settings, caches and the helpers the mixins share."""
 
@@ -133,8 +146,10 @@ class SqlStoreBase:
         # transaction, with the gateway's write mark then: the launch that
         # follows it in the same transaction reuses its reads.
         self._fresh_snapshot: FreshSnapshot | None = None
-        # Likewise the last run frontier, for the snapshot that follows it.
+        # Likewise the last run frontier, for the snapshot that follows it,
+        # and the tasks the last launches inserted, for the claim ahead.
         self._fresh_frontier: FreshFrontier | None = None
+        self._fresh_tasks: FreshTasks | None = None
         # Started runs without budget accounts (they never get any later).
         self._unbudgeted: FifoCache[str, bool] = FifoCache()
         # Tasks this process's dequeues crashed by dead-lettering (drained by
@@ -177,6 +192,28 @@ class SqlStoreBase:
         defer = getattr(self._gw, "after_commit", None)
         if defer is None or not defer(action):
             action()
+
+    def _remember_queued(self, before: object, rows: list[dict[str, object]]) -> None:
+        """After a launch inside a unit of work inserted the QUEUED task
+        ``rows`` (its write began at mark ``before``): keep them, at most
+        :data:`FRESH_TASKS` with those of the launches just before it (no
+        other write between), for a claim before the unit's next write."""
+        after = self._write_mark()
+        if before is None or after is None:
+            return
+        fresh = self._fresh_tasks
+        kept = dict(fresh.rows) if fresh is not None and fresh.mark == before else {}
+        for row in rows[: max(0, FRESH_TASKS - len(kept))]:
+            kept[str(row["task_id"])] = queued_task_row(row)
+        self._fresh_tasks = FreshTasks(after, kept)
+
+    def _fresh_queued(self) -> dict[str, dict[str, object]]:
+        """The tasks kept by :meth:`_remember_queued`, while no write has
+        ended since (else none)."""
+        fresh = self._fresh_tasks
+        if fresh is None or fresh.mark != self._write_mark() or fresh.mark is None:
+            return {}
+        return fresh.rows
 
     def _write_mark(self) -> object:
         """The gateway's write mark (SQLite's units of work), else ``None``."""
@@ -402,3 +439,33 @@ class SqlStoreBase:
     def _failed_nodes(tx: Tx, run_id: str) -> set[int]:
         """Active nodes with a FAILED planning launch or a FAILED/CRASHED task."""
         return {row["node_index"] for row in tx.all("failed_nodes", {"run_id": run_id})}
+
+
+def queued_task_row(inserted: dict[str, object]) -> dict[str, object]:
+    """The row ``tasks_claimable_many`` reads for a task just inserted QUEUED
+    by ``task_insert`` with ``inserted`` (the table's defaults for the rest;
+    a test compares it with the stored row), in a RUNNING run whose launch
+    and generation are current."""
+    return {
+        "task_id": inserted["task_id"],
+        "run_id": inserted["run_id"],
+        "node_index": inserted["node_index"],
+        "generation": inserted["generation"],
+        "launch_id": inserted["launch_id"],
+        "status": inserted["status"],
+        "attempt_id": inserted["attempt_id"],
+        "plan": inserted["plan"],
+        "error": None,
+        "resumed_from_wait_id": None,
+        "active_wait_id": None,
+        "invalidated": 0,
+        "completed_attempt_id": None,
+        "completed_launch_complete": None,
+        "failure_attempt_id": None,
+        "failure_status": None,
+        "attempt_number": 1,
+        "worker_id": None,
+        "lost_deliveries": 0,
+        "run_status": RunStatus.RUNNING.value,
+        "owned": 1,
+    }

@@ -97,7 +97,12 @@ class BatchMixin(TasksMixin, QueueMixin):
         return [ClaimedDelivery(d, found[d.delivery_id]) for d in leased]
 
     def _claim_many(
-        self, tx: Tx, leased: list[LeasedDelivery], *, worker_id: str | None = None
+        self,
+        tx: Tx,
+        leased: list[LeasedDelivery],
+        *,
+        worker_id: str | None = None,
+        fresh: Mapping[str, Mapping[str, object]] | None = None,
     ) -> list[Row | None]:
         """``try_claim_task`` for each leased row's attempt, in the caller's
         transaction: the tasks are read in one statement and set RUNNING in
@@ -105,12 +110,19 @@ class BatchMixin(TasksMixin, QueueMixin):
         for a later one, as with one claim after another. With ``worker_id``
         (a lease in this transaction that has not recorded its worker on the
         tasks yet) the claim records it too, and a QUEUED task left unclaimed
-        gets it as the lease would have given it."""
+        gets it as the lease would have given it. ``fresh``: rows of tasks a
+        launch inserted in this transaction with no write since but the
+        leases (``_fresh_queued``), which are not read again."""
         ids = list(dict.fromkeys(d.task_id for d in leased))
-        rows = {
-            row["task_id"]: row
-            for row in tx.all("tasks_claimable_many", {"ids": json.dumps(ids), "first": ids[0]})
-        }
+        rows: dict[str, Row] = {i: fresh[i] for i in ids if i in fresh} if fresh else {}
+        unread = [i for i in ids if i not in rows]
+        if unread:
+            rows.update(
+                (row["task_id"], row)
+                for row in tx.all(
+                    "tasks_claimable_many", {"ids": json.dumps(unread), "first": unread[0]}
+                )
+            )
         records: list[Row | None] = []
         updates: list[dict[str, object]] = []
         unclaimed: list[dict[str, object]] = []

@@ -204,112 +204,96 @@ class LaunchesMixin(SqlStoreBase):
         error: str = "",
     ) -> LaunchCreateResult:
         plans = tuple(plans)
-        fresh = self._fresh_snapshot
+        created: list[dict[str, object]] = []
         with self._gw.write() as tx:
-            run: Row | None
-            published: Mapping[str, int] = {}
             mark = self._write_mark()
-            if fresh is not None and fresh.token == snapshot_token and fresh.mark == mark:
-                # The snapshot was read in this transaction with no write
-                # since: its run row, token, generation and the outputs it
-                # read are still what the database holds.
-                _, token, run, generation, published = fresh
-            else:
-                run = self._run_head(tx, run_id)
-                token, generation = "", -1
-            if run is None or run["status"] != RunStatus.RUNNING.value:
-                return _STALE
-            self._validate_launch(
-                run,
+            result = self._create_launch(
+                tx,
+                mark,
+                created,
+                run_id,
                 node_index,
-                plugin_name=plugin_name,
-                token=snapshot_token,
-                plans=plans,
-                zero=zero_task_disposition,
-                error=error,
+                plugin_name,
+                snapshot_token,
+                plans,
+                zero_task_disposition,
+                error,
             )
-            if generation < 0:
-                token, generation = self._token_and_generation(tx, run, node_index)
-            # OR-19: a stale token wins over an existing launch.
-            if snapshot_token != token:
+        if created:
+            self._remember_queued(mark, created)
+        return result
+
+    def _create_launch(  # noqa: PLR0917 (try_create_node_launch's arguments)
+        self,
+        tx: Tx,
+        mark: object,
+        created: list[dict[str, object]],
+        run_id: str,
+        node_index: int,
+        plugin_name: str,
+        snapshot_token: str,
+        plans: tuple[TaskInputPlan, ...],
+        zero_task_disposition: NodeDisposition | None,
+        error: str,
+    ) -> LaunchCreateResult:
+        """``try_create_node_launch`` inside its transaction; the task rows
+        it inserts are appended to ``created``."""
+        fresh = self._fresh_snapshot
+        run: Row | None
+        published: Mapping[str, int] = {}
+        if fresh is not None and fresh.token == snapshot_token and fresh.mark == mark:
+            # The snapshot was read in this transaction with no write
+            # since: its run row, token, generation and the outputs it
+            # read are still what the database holds.
+            _, token, run, generation, published = fresh
+        else:
+            run = self._run_head(tx, run_id)
+            token, generation = "", -1
+        if run is None or run["status"] != RunStatus.RUNNING.value:
+            return _STALE
+        self._validate_launch(
+            run,
+            node_index,
+            plugin_name=plugin_name,
+            token=snapshot_token,
+            plans=plans,
+            zero=zero_task_disposition,
+            error=error,
+        )
+        if generation < 0:
+            token, generation = self._token_and_generation(tx, run, node_index)
+        # OR-19: a stale token wins over an existing launch.
+        if snapshot_token != token:
+            return _STALE
+        frontier = self._fresh_frontier
+        if (
+            mark is not None
+            and frontier is not None
+            and frontier.mark == mark
+            and frontier.run["run_id"] == run_id
+            and node_index in frontier.nodes
+            and node_index not in frontier.launches
+        ):
+            # The run frontier read in this transaction, with no write
+            # since, found no active launch of the node.
+            existing = None
+        else:
+            existing = tx.one("launch_active", {"run_id": run_id, "node_index": node_index})
+        if existing is not None:
+            if existing["generation"] != generation:
                 return _STALE
-            frontier = self._fresh_frontier
-            if (
-                mark is not None
-                and frontier is not None
-                and frontier.mark == mark
-                and frontier.run["run_id"] == run_id
-                and node_index in frontier.nodes
-                and node_index not in frontier.launches
-            ):
-                # The run frontier read in this transaction, with no write
-                # since, found no active launch of the node.
-                existing = None
-            else:
-                existing = tx.one("launch_active", {"run_id": run_id, "node_index": node_index})
-            if existing is not None:
-                if existing["generation"] != generation:
-                    return _STALE
-                return LaunchCreateResult(
-                    status=LaunchCreateStatus.ALREADY_EXISTS,
-                    launch=self._launch_view(tx, existing),
-                )
-            # Plan contents are checked against the state the fresh token covers.
-            self._validate_plans(tx, run, node_index, generation, plans, known=published)
-            launch_id = f"{run_id}:launch:{node_index}:{generation}"
-            disposition = NodeDisposition.LAUNCHED if plans else zero_task_disposition
-            assert disposition is not None  # checked by _validate_launch
-            tx.run(
-                "launch_insert",
-                {
-                    "launch_id": launch_id,
-                    "run_id": run_id,
-                    "node_index": node_index,
-                    "generation": generation,
-                    "plugin": plugin_name,
-                    "disposition": NodeDisposition(disposition).value,
-                    "error": error,
-                    "task_count": len(plans),
-                },
+            return LaunchCreateResult(
+                status=LaunchCreateStatus.ALREADY_EXISTS,
+                launch=self._launch_view(tx, existing),
             )
-            ids = self._new_ids(2 * len(plans))
-            rows = [
-                {
-                    "task_id": f"{run_id}:{node_index}:{generation}:{n}",
-                    "run_id": run_id,
-                    "node_index": node_index,
-                    "generation": generation,
-                    "launch_id": launch_id,
-                    "status": TaskStatus.QUEUED.value,
-                    "attempt_id": ids[2 * n],
-                    "plan": plan.model_dump_json(),
-                    "delivery_id": ids[2 * n + 1],
-                }
-                for n, plan in enumerate(plans)
-            ]
-            if rows:
-                now = self._now()
-                tx.many("task_insert", rows)
-                for row, plan in zip(rows, plans, strict=True):
-                    if type(plan) is TaskInputPlan:
-                        remember_plan(str(row["plan"]), plan)
-                queue, priority = self._route(tx, run_id, node_index)
-                tx.many(
-                    "delivery_insert",
-                    (
-                        {
-                            **row,
-                            "now": now,
-                            "queue": queue,
-                            "priority": priority,
-                            "delivery_count": 0,
-                        }
-                        for row in rows
-                    ),
-                )
-            self._bump(tx, run_id, node_index)
-            # The view of the row just written, without reading it back.
-            written = {
+        # Plan contents are checked against the state the fresh token covers.
+        self._validate_plans(tx, run, node_index, generation, plans, known=published)
+        launch_id = f"{run_id}:launch:{node_index}:{generation}"
+        disposition = NodeDisposition.LAUNCHED if plans else zero_task_disposition
+        assert disposition is not None  # checked by _validate_launch
+        tx.run(
+            "launch_insert",
+            {
                 "launch_id": launch_id,
                 "run_id": run_id,
                 "node_index": node_index,
@@ -318,12 +302,61 @@ class LaunchesMixin(SqlStoreBase):
                 "disposition": NodeDisposition(disposition).value,
                 "error": error,
                 "task_count": len(plans),
-                "completed": 0,
+            },
+        )
+        ids = self._new_ids(2 * len(plans))
+        rows = [
+            {
+                "task_id": f"{run_id}:{node_index}:{generation}:{n}",
+                "run_id": run_id,
+                "node_index": node_index,
+                "generation": generation,
+                "launch_id": launch_id,
+                "status": TaskStatus.QUEUED.value,
+                "attempt_id": ids[2 * n],
+                "plan": plan.model_dump_json(),
+                "delivery_id": ids[2 * n + 1],
             }
-            view = self._launch_view(tx, written, tuple(str(row["task_id"]) for row in rows))
-            return trusted_model(
-                LaunchCreateResult, {"status": LaunchCreateStatus.CREATED, "launch": view}
+            for n, plan in enumerate(plans)
+        ]
+        if rows:
+            now = self._now()
+            tx.many("task_insert", rows)
+            created.extend(rows)
+            for row, plan in zip(rows, plans, strict=True):
+                if type(plan) is TaskInputPlan:
+                    remember_plan(str(row["plan"]), plan)
+            queue, priority = self._route(tx, run_id, node_index)
+            tx.many(
+                "delivery_insert",
+                (
+                    {
+                        **row,
+                        "now": now,
+                        "queue": queue,
+                        "priority": priority,
+                        "delivery_count": 0,
+                    }
+                    for row in rows
+                ),
             )
+        self._bump(tx, run_id, node_index)
+        # The view of the row just written, without reading it back.
+        written = {
+            "launch_id": launch_id,
+            "run_id": run_id,
+            "node_index": node_index,
+            "generation": generation,
+            "plugin": plugin_name,
+            "disposition": NodeDisposition(disposition).value,
+            "error": error,
+            "task_count": len(plans),
+            "completed": 0,
+        }
+        view = self._launch_view(tx, written, tuple(str(row["task_id"]) for row in rows))
+        return trusted_model(
+            LaunchCreateResult, {"status": LaunchCreateStatus.CREATED, "launch": view}
+        )
 
     def _validate_launch(
         self,

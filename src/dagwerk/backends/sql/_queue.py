@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from contextlib import suppress
 
 from dagwerk.backends.errors import StoreBusyError, StoreUnavailableError
@@ -87,7 +87,12 @@ class QueueMixin(SqlStoreBase):
                 time.sleep(min(remaining, 0.05))
 
     def _claim_many(
-        self, tx: Tx, leased: list[LeasedDelivery], *, worker_id: str | None = None
+        self,
+        tx: Tx,
+        leased: list[LeasedDelivery],
+        *,
+        worker_id: str | None = None,
+        fresh: Mapping[str, Mapping[str, object]] | None = None,
     ) -> list[Row | None]:
         """Claim the leased rows' attempts in ``tx`` (implemented by the batch mixin)."""
         raise NotImplementedError
@@ -124,6 +129,9 @@ class QueueMixin(SqlStoreBase):
                 ):
                     return []
         with self._gw.write() as tx:
+            # Tasks a launch of this unit just inserted need no read to be
+            # claimed (the leases below touch only the queue's rows).
+            inserted = self._fresh_queued() if claims is not None else {}
             now = self._now()
             leased: list[LeasedDelivery] = []
             while len(leased) < limit:
@@ -184,7 +192,7 @@ class QueueMixin(SqlStoreBase):
                 if exhausted:
                     break
             if claims is not None and leased:
-                claims.extend(self._claim_many(tx, leased, worker_id=worker_id))
+                claims.extend(self._claim_many(tx, leased, worker_id=worker_id, fresh=inserted))
         for row in spent.values():
             if leased:
                 # The leases are committed; a failed burial must not lose them
