@@ -24,7 +24,7 @@ from dagwerk.engine import Engine
 from dagwerk.execution import claim_task
 from dagwerk.frontier import reconcile_after_completion
 from dagwerk.models import EmittedOutput, PlannedEdgeInput, TaskInputPlan
-from dagwerk.store import InvalidStoreValueError
+from dagwerk.store import CompletionRequest, InvalidStoreValueError, TaskCompletionResult
 from dagwerk.testing.helpers import CallbackLog, chain, child, new_run, only_task, root
 
 # Blocks that read every node or launch of a run, or the run's definitions.
@@ -368,7 +368,9 @@ def test_a_plan_naming_outputs_beyond_its_snapshot_is_checked_against_the_table(
         store.close()
 
 
-def test_a_worker_hop_in_a_chain_takes_21_statements(tmp_path: Path) -> None:
+def test_a_worker_hop_in_a_chain_takes_21_statements(
+    tmp_path: Path, statements: Counter[str]
+) -> None:
     """The whole hop as the batched worker takes it on SQLite: one write
     transaction (complete, reconcile and launch without savepoints, then the
     claim ahead in one) and the run's status read alone; the child's input
@@ -387,9 +389,15 @@ def test_a_worker_hop_in_a_chain_takes_21_statements(tmp_path: Path) -> None:
     traced: list[str] = []
     conn.set_trace_callback(traced.append)
     hops = 5
+    statements.clear()
     for _ in range(hops):
         assert worker.process_once() == 1
     conn.set_trace_callback(None)
+    names = Counter(statements)
+    # One task completes and one is claimed per hop: key lookups, no JSON
+    # lists; the claimed task was launched in the same unit: not read.
+    assert names["task_get_completing"] == hops and names["tasks_get_owned_many"] == 0, names
+    assert names["task_get_owned"] == names["tasks_claimable_many"] == 0, names
     kinds = Counter(s.split()[0] for s in traced)
     assert kinds["BEGIN"] == hops and kinds["COMMIT"] == hops, kinds
     assert kinds["SAVEPOINT"] == hops, kinds  # the claim's
@@ -478,3 +486,26 @@ def test_a_write_between_launch_and_claim_makes_the_claim_read_its_tasks(
     finally:
         store.close()
     assert found["tasks_claimable_many"] == 1, found
+
+
+def test_a_lone_claim_or_completion_reads_its_task_by_key(
+    tmp_path: Path, statements: Counter[str]
+) -> None:
+    with SqliteStore(f"sqlite:///{tmp_path / 'lone.db'}") as store:
+        new_run(store, [root("a"), root("b")])
+        statements.clear()
+        (first,) = store.claim_deliveries("w1", limit=1, lease_seconds=30.0)
+        assert statements["task_get_owned"] == 1 and statements["tasks_claimable_many"] == 0
+        assert first.task == store.get_task(first.delivery.task_id)
+        row = first.delivery
+        request = CompletionRequest(row.task_id, row.attempt_id, (), row.delivery_id)
+        statements.clear()
+        (done,) = store.complete_and_ack("w1", [request])
+        assert isinstance(done, TaskCompletionResult) and done.task_id == row.task_id
+        assert statements["task_get_completing"] == 1, statements
+        assert statements["tasks_get_owned_many"] == 0, statements
+        # Several rows: one read of all their tasks.
+        new_run(store, [root("c"), root("d")], run_id="run-2")
+        statements.clear()
+        assert len(store.claim_deliveries("w1", limit=3, lease_seconds=30.0)) == 3
+        assert statements["tasks_claimable_many"] == 1 and statements["task_get_owned"] == 0

@@ -116,7 +116,12 @@ class BatchMixin(TasksMixin, QueueMixin):
         ids = list(dict.fromkeys(d.task_id for d in leased))
         rows: dict[str, Row] = {i: fresh[i] for i in ids if i in fresh} if fresh else {}
         unread = [i for i in ids if i not in rows]
-        if unread:
+        if len(unread) == 1 and self._one_writer():
+            # SQLite (no run lock to take): a plain key lookup, no JSON list.
+            row = tx.one("task_get_owned", {"task_id": unread[0]})
+            if row is not None:
+                rows[unread[0]] = row
+        elif unread:
             rows.update(
                 (row["task_id"], row)
                 for row in tx.all(
@@ -269,6 +274,9 @@ class BatchMixin(TasksMixin, QueueMixin):
                 ]
             )
             known[run_id] = {row["output_id"] for row in taken_rows}
+        elif len(ids) == 1 and self._one_writer():
+            # One task (a chain's step): a plain key lookup, no JSON list.
+            found = tx.all("task_get_completing", {"task_id": ids[0]})
         else:
             found = tx.all("tasks_get_owned_many", tasks)
         rows = {row["task_id"]: row for row in found}
