@@ -7,9 +7,11 @@ registry; the submitter imports it for the node lists.
 Plugins:
   ``bench_emit``  emits ``count`` items (``{"n": i}``), the root of a fan-out
   ``bench_step``  returns one small output and does nothing else
-  ``bench_hop``   like ``bench_step`` but appends ``node start end`` to a
-                  ledger file of its process in the execution root, so the
-                  driver can compute per-hop latency (W2)
+  ``bench_hop``   like ``bench_step`` but records ``node start end`` for
+                  the ledger file of its process in the execution root, so
+                  the driver can compute per-hop latency (W2); the lines are
+                  kept in memory and written when the worker process exits,
+                  so the ledger's own file writes are not inside any hop
 
 The ledger is written by the plugin, so a hop is measured from the parent
 plugin's return to the child plugin's entry: it contains the parent's
@@ -20,11 +22,11 @@ bound on "parent committed -> child started".
 
 from __future__ import annotations
 
+import atexit
 import os
 import threading
 import time
 from pathlib import Path
-from typing import IO
 
 import dagwerk
 from dagwerk.constants import InputMode
@@ -42,7 +44,7 @@ __all__ = [
 LEDGER_GLOB = "hops-*.txt"
 
 _ledger_lock = threading.Lock()
-_ledger: dict[Path, IO[str]] = {}
+_ledger: dict[Path, list[str]] = {}
 
 
 @dagwerk.plugin("bench_emit")
@@ -69,10 +71,21 @@ def hop(inputs: TaskInputs, ctx: TaskContext) -> object:
 def _append(root: Path, line: str) -> None:
     path = root / f"hops-{os.getpid()}.txt"
     with _ledger_lock:
-        handle = _ledger.get(path)
-        if handle is None:
-            handle = _ledger[path] = path.open("a", buffering=1)
-        handle.write(line)
+        lines = _ledger.get(path)
+        if lines is None:
+            if not _ledger:
+                atexit.register(_write_ledgers)
+            lines = _ledger[path] = []
+        lines.append(line)
+
+
+def _write_ledgers() -> None:
+    """Write the recorded lines (at the worker process's exit)."""
+    with _ledger_lock:
+        for path, lines in _ledger.items():
+            with path.open("a") as handle:
+                handle.writelines(lines)
+        _ledger.clear()
 
 
 def read_hops(directory: Path) -> list[float]:
