@@ -20,9 +20,13 @@ def _row(output_id: str, data: str = "{}", run_id: str = "r") -> dict[str, objec
     return {"run_id": run_id, "output_id": output_id, "fields": "{}", "data": data}
 
 
+def _add(recent: RecentOutputs, rows: list[dict[str, object]]) -> None:
+    recent.add(recent.keepable(rows))
+
+
 def test_whole_answers_only() -> None:
     recent = RecentOutputs()
-    recent.add([_row("a"), _row("b", '{"x":1}')])
+    _add(recent, [_row("a"), _row("b", '{"x":1}')])
     assert recent.get("r", ["b", "a"]) == {"b": ("{}", '{"x":1}'), "a": ("{}", "{}")}
     assert recent.get("r", ["a", "c"]) is None  # one missing: the caller reads all
     assert recent.get("other", ["a"]) is None
@@ -33,19 +37,31 @@ def test_the_oldest_go_first_beyond_the_budget() -> None:
     each = 2 + 8 + 1 + ENTRY_BYTES  # fields, data, ID and the objects
     recent = RecentOutputs(max_bytes=4 * each, max_output_bytes=each)
     for name in "abcde":
-        recent.add([_row(name, "x" * 8)])
+        _add(recent, [_row(name, "x" * 8)])
     assert recent.size == 4 * each and len(recent) == 4
     assert recent.get("r", ["a"]) is None
     assert recent.get("r", ["b", "e"]) is not None
     # A repeat replaces its entry without counting twice.
-    recent.add([_row("e", "x" * 8)])
+    _add(recent, [_row("e", "x" * 8)])
     assert recent.size == 4 * each and len(recent) == 4
+
+
+def test_a_batch_larger_than_the_budget_keeps_only_its_newest_outputs() -> None:
+    each = 2 + 8 + 2 + ENTRY_BYTES
+    recent = RecentOutputs(max_bytes=3 * each, max_output_bytes=each)
+    rows = [_row(f"o{n}", "x" * 8) for n in range(10)]
+    kept = recent.keepable(rows)
+    # Taken before the commit: only what would stay, not the whole batch.
+    assert [key[1] for key, _ in kept] == ["o7", "o8", "o9"]
+    recent.add(kept)
+    assert recent.get("r", ["o7", "o8", "o9"]) is not None
+    assert recent.get("r", ["o6"]) is None
 
 
 def test_large_or_malformed_outputs_are_not_kept() -> None:
     recent = RecentOutputs(max_bytes=10_000, max_output_bytes=ENTRY_BYTES + 20)
-    recent.add([_row("big", "x" * 30), {"run_id": "r", "output_id": "odd", "fields": None}])
-    recent.add([{"run_id": "r", "output_id": "n", "fields": "{}", "data": None}])
+    _add(recent, [_row("big", "x" * 30), {"run_id": "r", "output_id": "odd", "fields": None}])
+    _add(recent, [{"run_id": "r", "output_id": "n", "fields": "{}", "data": None}])
     assert len(recent) == 0 and recent.size == 0
 
 

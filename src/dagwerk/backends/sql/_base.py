@@ -210,8 +210,8 @@ class SqlStoreBase:
     def _fresh_queued(self) -> dict[str, dict[str, object]]:
         """The tasks kept by :meth:`_remember_queued`, while no write has
         ended since (else none)."""
-        fresh = self._fresh_tasks
-        if fresh is None or fresh.mark != self._write_mark() or fresh.mark is None:
+        fresh, mark = self._fresh_tasks, self._write_mark()
+        if fresh is None or mark is None or fresh.mark != mark:
             return {}
         return fresh.rows
 

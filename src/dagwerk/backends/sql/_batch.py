@@ -222,8 +222,9 @@ class BatchMixin(TasksMixin, QueueMixin):
                     written = self._complete_group(
                         tx, worker_id, group_items, outcomes, texts, run_id=run_id
                     )
-            if written:
-                self._after_commit(partial(self._recent_outputs.add, written))
+            kept = self._recent_outputs.keepable(written) if written else None
+            if kept:
+                self._after_commit(partial(self._recent_outputs.add, kept))
         return outcomes
 
     def _complete_group(

@@ -23,6 +23,8 @@ from __future__ import annotations
 import threading
 from collections.abc import Iterable, Mapping, Sequence
 
+_Entry = tuple[tuple[str, str], tuple[str, str]]  # (run ID, output ID), (fields, data)
+
 __all__ = ["ENTRY_BYTES", "MAX_BYTES", "MAX_OUTPUT_BYTES", "RecentOutputs"]
 
 MAX_BYTES = 8 * 1024 * 1024
@@ -59,34 +61,48 @@ class RecentOutputs:
         """Bytes held now (estimated as :data:`MAX_BYTES` says)."""
         return self._size
 
-    def add(self, rows: Iterable[Mapping[str, object]]) -> None:
-        """Keep committed output rows (``run_id``, ``output_id``, ``fields``
-        and ``data`` as the store wrote them), forgetting the oldest beyond
-        the budget."""
+    def keepable(self, rows: Sequence[Mapping[str, object]]) -> list[_Entry]:
+        """The entries of output rows (``run_id``, ``output_id``, ``fields``
+        and ``data`` as the store wrote them) that :meth:`add` would keep:
+        the newest that fit the budget. A writer takes them before its
+        commit, so that a huge batch's rows need not live until then."""
+        found: list[_Entry] = []
+        room = self.max_bytes
+        for row in reversed(rows):
+            fields, data = row.get("fields"), row.get("data")
+            run_id, output_id = row.get("run_id"), row.get("output_id")
+            if not (
+                isinstance(fields, str)
+                and isinstance(data, str)
+                and isinstance(run_id, str)
+                and isinstance(output_id, str)
+            ):
+                continue
+            entry = ((run_id, output_id), (fields, data))
+            cost = _cost(*entry)
+            if cost > self.max_output_bytes:
+                continue
+            if cost > room:
+                break
+            room -= cost
+            found.append(entry)
+        found.reverse()
+        return found
+
+    def add(self, entries: Iterable[_Entry]) -> None:
+        """Keep committed outputs (entries from :meth:`keepable`), forgetting
+        the oldest beyond the budget."""
         with self._lock:
-            entries = self._entries
-            for row in rows:
-                fields, data = row.get("fields"), row.get("data")
-                run_id, output_id = row.get("run_id"), row.get("output_id")
-                if not (
-                    isinstance(fields, str)
-                    and isinstance(data, str)
-                    and isinstance(run_id, str)
-                    and isinstance(output_id, str)
-                ):
-                    continue
-                cost = len(fields) + len(data) + len(output_id) + ENTRY_BYTES
-                if cost > self.max_output_bytes:
-                    continue
-                key = (run_id, output_id)
-                old = entries.pop(key, None)
+            held = self._entries
+            for key, texts in entries:
+                old = held.pop(key, None)
                 if old is not None:
                     self._size -= _cost(key, old)
-                entries[key] = (fields, data)
-                self._size += cost
+                held[key] = texts
+                self._size += _cost(key, texts)
             while self._size > self.max_bytes:
-                key = next(iter(entries))
-                self._size -= _cost(key, entries.pop(key))
+                key = next(iter(held))
+                self._size -= _cost(key, held.pop(key))
 
     def get(self, run_id: str, output_ids: Sequence[str]) -> dict[str, tuple[str, str]] | None:
         """The texts of every one of ``output_ids``, or ``None`` unless all
