@@ -93,6 +93,14 @@ def test_a_call_that_raises_undoes_only_its_own_writes(db: Path) -> None:
         assert other.get_run_status("r2") is RunStatus.PENDING
 
 
+def _scratch_tables(store: SqliteStore) -> int:
+    with store._sqlite.read() as tx:
+        found: int = tx._conn.execute(
+            "SELECT count(*) FROM sqlite_master WHERE name LIKE 'scratch%'"
+        ).fetchone()[0]
+    return found
+
+
 def test_a_raising_write_inside_a_block_leaves_no_partial_rows(db: Path) -> None:
     with SqliteStore(str(db)) as store:
         gateway = store._sqlite
@@ -100,11 +108,7 @@ def test_a_raising_write_inside_a_block_leaves_no_partial_rows(db: Path) -> None
             with pytest.raises(RuntimeError), gateway.write() as tx:
                 tx._conn.execute("CREATE TABLE scratch (a)")
                 raise RuntimeError("after a write")
-            with gateway.read() as tx:
-                found = tx._conn.execute(
-                    "SELECT count(*) FROM sqlite_master WHERE name = 'scratch'"
-                ).fetchone()[0]
-            assert found == 0
+            assert _scratch_tables(store) == 0
 
 
 def test_a_raising_later_write_leaves_no_partial_rows_and_keeps_the_earlier_ones(
@@ -120,11 +124,7 @@ def test_a_raising_later_write_leaves_no_partial_rows_and_keeps_the_earlier_ones
             assert store.create_run("r2", _NODES)
         assert other.get_run_status("r1") is RunStatus.PENDING
         assert other.get_run_status("r2") is RunStatus.PENDING
-        with other._sqlite.read() as tx:
-            found = tx._conn.execute(
-                "SELECT count(*) FROM sqlite_master WHERE name = 'scratch'"
-            ).fetchone()[0]
-        assert found == 0
+        assert _scratch_tables(other) == 0
 
 
 def test_a_raising_first_write_gives_the_write_lock_back_and_the_next_one_begins_afresh(
@@ -149,25 +149,13 @@ def test_a_raising_first_write_gives_the_write_lock_back_and_the_next_one_begins
         conn.set_trace_callback(None)
         assert other.get_run_status("r1") is RunStatus.PENDING
         assert other.get_run_status("r2") is RunStatus.PENDING
-        with other._sqlite.read() as tx:
-            found = tx._conn.execute(
-                "SELECT count(*) FROM sqlite_master WHERE name = 'scratch'"
-            ).fetchone()[0]
-        assert found == 0
+        assert _scratch_tables(other) == 0
         # Each transaction's first write runs without a savepoint; the
         # second write of the block needs one.
         assert statements.count("BEGIN IMMEDIATE") == 2
         assert statements.count("ROLLBACK") == 1
         assert statements.count("SAVEPOINT dagwerk_call") == 1
         assert statements.count("RELEASE dagwerk_call") == 1
-
-
-def _scratch_tables(store: SqliteStore) -> int:
-    with store._sqlite.read() as tx:
-        found: int = tx._conn.execute(
-            "SELECT count(*) FROM sqlite_master WHERE name LIKE 'scratch%'"
-        ).fetchone()[0]
-    return found
 
 
 def test_an_all_or_nothing_block_runs_its_writes_without_savepoints(db: Path) -> None:

@@ -70,6 +70,14 @@ def _hop(
     assert result is not None and result.launch_complete
 
 
+def _root_done(store: SqliteStore, length: int) -> CallbackLog:
+    """A chain of ``length`` as run-1 whose root completed and launched node 1."""
+    log = new_run(store, chain(length))
+    _hop(store, log, 0)
+    reconcile_after_completion(store, "run-1", [0], callbacks=log.callbacks)
+    return log
+
+
 def _reconcile_statements(tmp_path: Path, statements: Counter[str], length: int) -> Counter[str]:
     """The statements of the reconcile after the 6th hop of a chain."""
     store = SqliteStore(f"sqlite:///{tmp_path / f'chain-{length}.db'}")
@@ -157,9 +165,7 @@ def _unit_hop_statements(
     optionally write something that changes node 2's token, then launch."""
     store = SqliteStore(f"sqlite:///{tmp_path / f'unit-{write_between}.db'}")
     try:
-        log = new_run(store, chain(4))
-        _hop(store, log, 0)
-        reconcile_after_completion(store, "run-1", [0], callbacks=log.callbacks)
+        log = _root_done(store, 4)
         _hop(store, log, 1)  # node 2 is ready, not launched
         nodes = store.get_run_nodes("run-1")
         assert nodes is not None
@@ -213,9 +219,7 @@ def test_a_reconcile_inside_a_writing_unit_reads_each_thing_once(
     outputs (no write came between), instead of reading them again."""
     store = SqliteStore(f"sqlite:///{tmp_path / 'unit-reconcile.db'}")
     try:
-        log = new_run(store, chain(4))
-        _hop(store, log, 0)
-        reconcile_after_completion(store, "run-1", [0], callbacks=log.callbacks)
+        log = _root_done(store, 4)
         with store.unit_of_work():
             _hop(store, log, 1)  # the completion: the unit's first write
             statements.clear()
@@ -241,9 +245,7 @@ def test_a_launch_the_frontier_saw_is_read_and_reported_as_existing(
 ) -> None:
     store = SqliteStore(f"sqlite:///{tmp_path / 'frontier-existing.db'}")
     try:
-        log = new_run(store, chain(4))
-        _hop(store, log, 0)
-        reconcile_after_completion(store, "run-1", [0], callbacks=log.callbacks)
+        _root_done(store, 4)
         nodes = store.get_run_nodes("run-1")
         assert nodes is not None
         with store.unit_of_work():
@@ -290,9 +292,7 @@ def test_a_snapshot_reuses_its_frontier_only_with_no_write_between(
     between, read, sources, (head, launch_reads, node_reads) = case
     store = SqliteStore(f"sqlite:///{tmp_path / 'frontier-memo.db'}")
     try:
-        log = new_run(store, chain(5))
-        _hop(store, log, 0)
-        reconcile_after_completion(store, "run-1", [0], callbacks=log.callbacks)
+        log = _root_done(store, 5)
         _hop(store, log, 1)
         with store.unit_of_work():
             assert store.create_run("run-2", chain(1))  # the unit's first write
@@ -427,9 +427,7 @@ def test_the_claim_after_a_launch_in_a_unit_reads_no_task_rows(
     monkeypatch.setattr(sqlite_gateway._Tx, "_execute", spy)
     store = SqliteStore(f"sqlite:///{tmp_path / 'claim-fresh.db'}")
     try:
-        log = new_run(store, chain(4))
-        _hop(store, log, 0)
-        reconcile_after_completion(store, "run-1", [0], callbacks=log.callbacks)
+        log = _root_done(store, 4)
         with store.unit_of_work():
             _launch_in_unit(store, log)
             kept = dict(store._fresh_tasks.rows) if store._fresh_tasks else {}
@@ -462,9 +460,7 @@ def test_a_write_between_launch_and_claim_makes_the_claim_read_its_tasks(
 ) -> None:
     store = SqliteStore(f"sqlite:///{tmp_path / 'claim-stale.db'}")
     try:
-        log = new_run(store, chain(4))
-        _hop(store, log, 0)
-        reconcile_after_completion(store, "run-1", [0], callbacks=log.callbacks)
+        log = _root_done(store, 4)
         with store.unit_of_work():
             _launch_in_unit(store, log)
             (task_id,) = store._fresh_tasks.rows if store._fresh_tasks else {}

@@ -205,39 +205,26 @@ class LaunchesMixin(SqlStoreBase):
     ) -> LaunchCreateResult:
         plans = tuple(plans)
         created: list[dict[str, object]] = []
+        asked = (run_id, node_index, plugin_name, snapshot_token, plans, zero_task_disposition)
         with self._gw.write() as tx:
             mark = self._write_mark()
-            result = self._create_launch(
-                tx,
-                mark,
-                created,
-                run_id,
-                node_index,
-                plugin_name,
-                snapshot_token,
-                plans,
-                zero_task_disposition,
-                error,
-            )
+            result = self._create_launch(tx, mark, created, asked, error)
         if created:
             self._remember_queued(mark, created)
         return result
 
-    def _create_launch(  # noqa: PLR0917 (try_create_node_launch's arguments)
+    def _create_launch(
         self,
         tx: Tx,
         mark: object,
         created: list[dict[str, object]],
-        run_id: str,
-        node_index: int,
-        plugin_name: str,
-        snapshot_token: str,
-        plans: tuple[TaskInputPlan, ...],
-        zero_task_disposition: NodeDisposition | None,
+        asked: tuple[str, int, str, str, tuple[TaskInputPlan, ...], NodeDisposition | None],
         error: str,
     ) -> LaunchCreateResult:
-        """``try_create_node_launch`` inside its transaction; the task rows
-        it inserts are appended to ``created``."""
+        """``try_create_node_launch`` (its arguments ``asked`` and ``error``)
+        inside its transaction; the task rows it inserts are appended to
+        ``created``."""
+        run_id, node_index, plugin_name, snapshot_token, plans, zero_task_disposition = asked
         fresh = self._fresh_snapshot
         run: Row | None
         published: Mapping[str, int] = {}
@@ -291,19 +278,17 @@ class LaunchesMixin(SqlStoreBase):
         launch_id = f"{run_id}:launch:{node_index}:{generation}"
         disposition = NodeDisposition.LAUNCHED if plans else zero_task_disposition
         assert disposition is not None  # checked by _validate_launch
-        tx.run(
-            "launch_insert",
-            {
-                "launch_id": launch_id,
-                "run_id": run_id,
-                "node_index": node_index,
-                "generation": generation,
-                "plugin": plugin_name,
-                "disposition": NodeDisposition(disposition).value,
-                "error": error,
-                "task_count": len(plans),
-            },
-        )
+        launch: dict[str, object] = {
+            "launch_id": launch_id,
+            "run_id": run_id,
+            "node_index": node_index,
+            "generation": generation,
+            "plugin": plugin_name,
+            "disposition": NodeDisposition(disposition).value,
+            "error": error,
+            "task_count": len(plans),
+        }
+        tx.run("launch_insert", launch)
         ids = self._new_ids(2 * len(plans))
         rows = [
             {
@@ -342,17 +327,7 @@ class LaunchesMixin(SqlStoreBase):
             )
         self._bump(tx, run_id, node_index)
         # The view of the row just written, without reading it back.
-        written = {
-            "launch_id": launch_id,
-            "run_id": run_id,
-            "node_index": node_index,
-            "generation": generation,
-            "plugin": plugin_name,
-            "disposition": NodeDisposition(disposition).value,
-            "error": error,
-            "task_count": len(plans),
-            "completed": 0,
-        }
+        written = {**launch, "completed": 0}
         view = self._launch_view(tx, written, tuple(str(row["task_id"]) for row in rows))
         return trusted_model(
             LaunchCreateResult, {"status": LaunchCreateStatus.CREATED, "launch": view}
