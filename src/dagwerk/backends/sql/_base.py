@@ -193,6 +193,14 @@ class SqlStoreBase:
         if defer is None or not defer(action):
             action()
 
+    def _frontier_now(self, run_id: str) -> FreshFrontier | None:
+        """The run frontier of ``run_id`` read in the current unit's write
+        transaction with no write ended since, else ``None``."""
+        fresh, mark = self._fresh_frontier, self._write_mark()
+        if fresh is None or mark is None or fresh.mark != mark or fresh.run["run_id"] != run_id:
+            return None
+        return fresh
+
     def _remember_queued(self, before: object, rows: list[dict[str, object]]) -> None:
         """After a launch inside a unit of work inserted the QUEUED task
         ``rows`` (its write began at mark ``before``): keep them, at most

@@ -199,29 +199,28 @@ class BatchMixin(TasksMixin, QueueMixin):
         for group in groups:
             run_id = runs.get(items[group[0]].task_id)
             group_items = [(i, items[i]) for i in group]
+            # One writer (SQLite): the outputs are first inserted without
+            # reading which of their IDs are taken; a taken one fails the
+            # insert, which undoes the group's writes, and the group is
+            # decided again with the read (nothing else wrote meanwhile).
             optimistic = self._one_writer() and self._undoes_a_failed_write()
-            try:
-                # One writer (SQLite): the outputs are inserted without first
-                # reading which of their IDs are taken; a taken one fails the
-                # insert, which undoes the group's writes, and the group is
-                # decided again with the read (nothing else wrote meanwhile).
-                with self._gw.write() as tx:
-                    written = self._complete_group(
-                        tx,
-                        worker_id,
-                        group_items,
-                        outcomes,
-                        texts,
-                        run_id=run_id,
-                        optimistic=optimistic,
-                    )
-            except _OutputIdTaken:
-                for i in group:
-                    outcomes[i] = None
-                with self._gw.write() as tx:
-                    written = self._complete_group(
-                        tx, worker_id, group_items, outcomes, texts, run_id=run_id
-                    )
+            while True:
+                try:
+                    with self._gw.write() as tx:
+                        written = self._complete_group(
+                            tx,
+                            worker_id,
+                            group_items,
+                            outcomes,
+                            texts,
+                            run_id=run_id,
+                            optimistic=optimistic,
+                        )
+                    break
+                except _OutputIdTaken:
+                    optimistic = False
+                    for i in group:
+                        outcomes[i] = None
             kept = self._recent_outputs.keepable(written) if written else None
             if kept:
                 self._after_commit(partial(self._recent_outputs.add, kept))

@@ -97,13 +97,9 @@ class LaunchesMixin(SqlStoreBase):
         total_limit = _limit(max_outputs_total, "max_outputs_total")
         byte_limit = _limit(max_routing_bytes, "max_routing_bytes")
         with self._gw.read() as tx:
-            fresh = self._fresh_frontier
-            if fresh is not None and (
-                fresh.mark != self._write_mark()
-                or fresh.run["run_id"] != run_id
-                or run_id not in self._topologies
-            ):
-                fresh = None  # written since, or another run's
+            # A frontier just read needs no run read (once the run's topology
+            # is cached: otherwise the run's node definitions are read).
+            fresh = self._frontier_now(run_id) if run_id in self._topologies else None
             run = self._run_head(tx, run_id) if fresh is None else fresh.run
             if run is None:
                 raise InvalidStoreValueError(f"run {run_id!r} does not exist", field="run_id")
@@ -252,12 +248,9 @@ class LaunchesMixin(SqlStoreBase):
         # OR-19: a stale token wins over an existing launch.
         if snapshot_token != token:
             return _STALE
-        frontier = self._fresh_frontier
+        frontier = self._frontier_now(run_id)
         if (
-            mark is not None
-            and frontier is not None
-            and frontier.mark == mark
-            and frontier.run["run_id"] == run_id
+            frontier is not None
             and node_index in frontier.nodes
             and node_index not in frontier.launches
         ):
