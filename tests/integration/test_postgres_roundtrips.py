@@ -30,6 +30,7 @@ from dagwerk.backends.errors import StoreUnavailableError
 from dagwerk.backends.postgres import PostgresStore
 from dagwerk.backends.postgres import gateway as pg_gateway
 from dagwerk.constants import RunStatus
+from dagwerk.orchestrator import reconcile_run
 from dagwerk.store import CompletionRequest, StoreContractError, TaskCompletionResult
 from dagwerk.testing.helpers import chain, emit, new_run, root
 from dagwerk.testing.pg_proxy import DelayProxy
@@ -224,6 +225,49 @@ def test_a_batch_of_completions_costs_four_round_trips(proxy: DelayProxy, schema
             trips += each
         assert all(isinstance(o, TaskCompletionResult) for o in outcomes), outcomes
         assert trips == [5, 4, 4]
+
+
+def test_a_launch_waits_only_for_its_reads_and_its_commit(
+    proxy: DelayProxy, schema: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The launch row, its tasks and deliveries and the node's revision are
+    sent without waiting and ride the COMMIT: a launch costs the round trips
+    of the reads it uses plus one (the launch row and the revision each
+    waited for a round trip of their own before)."""
+    calls: list[tuple[str, str]] = []
+    original = pg_gateway._Tx._call
+
+    def recording(self: Any, kind: str, name: str, *args: Any) -> Any:
+        calls.append((kind, name))
+        return original(self, kind, name, *args)
+
+    monkeypatch.setattr(pg_gateway._Tx, "_call", recording)
+    with PostgresStore(proxy.url, schema=schema) as store:
+        log = new_run(store, chain(2))
+        (entry,) = store.claim_deliveries("w", limit=1, lease_seconds=60.0)
+        request = CompletionRequest(
+            delivery_id=entry.delivery.delivery_id,
+            task_id=entry.delivery.task_id,
+            expected_attempt_id=entry.delivery.attempt_id,
+            outputs=emit("out-0", k=1),
+        )
+        assert isinstance(store.complete_and_ack("w", [request])[0], TaskCompletionResult)
+        launched: list[tuple[list[int], list[tuple[str, str]]]] = []
+        launch = store.try_create_node_launch
+
+        def counted(*args: Any, **kwargs: Any) -> Any:
+            calls.clear()
+            with proxy.count() as trips:
+                result = launch(*args, **kwargs)
+            launched.append((trips, list(calls)))
+            return result
+
+        monkeypatch.setattr(store, "try_create_node_launch", counted)
+        reconcile_run(store, "run-1", callbacks=log.callbacks)
+    ((trips, made),) = launched
+    waited = [name for kind, name in made if kind in ("one", "all", "all_of", "run")]
+    assert ("launch_insert" in waited, "node_bump" in waited) == (False, False), made
+    assert trips == [len(waited) + 1], made
 
 
 # -- guarantees ---------------------------------------------------------------------------

@@ -36,6 +36,7 @@ from dagwerk.backends.postgres import gateway as pg_gateway
 from dagwerk.backends.postgres._set_writes import load_set_writes
 from dagwerk.backends.postgres._statements import statement_params
 from dagwerk.backends.postgres.gateway import QUERIES, SET_WRITES
+from dagwerk.constants import TaskStatus
 from dagwerk.models import EmittedOutput
 from dagwerk.orchestrator import reconcile_run
 from dagwerk.store import (
@@ -51,7 +52,7 @@ SQL = Path(__file__).resolve().parents[2] / "src" / "dagwerk" / "backends" / "sq
 
 # The many() calls of a worker's cycle: claims, completions, launches, leases.
 HOT = {
-    "task_set_status",
+    "task_claim",
     "output_insert",
     "task_complete",
     "node_bump",
@@ -59,7 +60,6 @@ HOT = {
     "task_insert",
     "delivery_insert",
     "queue_lease",
-    "task_set_worker",
 }
 
 TRICKY = (
@@ -372,12 +372,46 @@ def test_a_batched_call_sends_one_statement_whatever_its_size(
         assert name in by_block, name
         assert all(statements == 1 for _, statements in by_block[name]), (name, by_block[name])
     # The calls of the fan-out really carried the batch.
-    for name in ("task_insert", "delivery_insert", "queue_lease", "task_set_worker"):
+    for name in ("task_insert", "delivery_insert", "queue_lease"):
         assert max(rows for rows, _ in by_block[name]) == size, name
-    for name in ("task_set_status", "task_complete", "queue_ack"):
+    for name in ("task_claim", "task_complete", "queue_ack"):
         assert max(rows for rows, _ in by_block[name]) == size, name
     assert max(rows for rows, _ in by_block["output_insert"]) == size
     assert sum(statements for _, _, statements in sent.calls) == len(sent.calls)
+
+
+def test_a_batch_claim_writes_each_task_row_once(store: PostgresStore, sent: Sent) -> None:
+    """claim_deliveries records the worker in the statement that sets the
+    task RUNNING: its leases write no task row (they used to record the
+    worker with a task update of their own, a second write of each row)."""
+    new_run(store, [root("a"), root("b"), root("c")])
+    sent.statements.clear()
+    entries = store.claim_deliveries("w1", limit=3, lease_seconds=30.0)
+    assert len(entries) == 3 and all(e.task is not None for e in entries)
+    task_writes = [(block, rows) for block, _, rows in sent.statements if block.startswith("task_")]
+    assert task_writes == [("task_claim", 3)]
+    for entry in entries:
+        assert store.list_attempts(entry.delivery.task_id)[-1].worker_id == "w1"
+
+
+def test_a_failed_batch_claim_still_records_the_leases_worker(
+    store: PostgresStore, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """When the claim's transaction fails after the leases committed, the
+    rows come back unclaimed (the worker takes them one by one) and the
+    worker is recorded on their tasks as a lease records it."""
+    new_run(store, [root("a"), root("b")])
+
+    def unavailable(*args: object, **kwargs: object) -> None:
+        raise StoreUnavailableError("the claim's transaction failed")
+
+    monkeypatch.setattr(store, "_claim_many", unavailable)
+    entries = store.claim_deliveries("w1", limit=2, lease_seconds=30.0)
+    assert len(entries) == 2 and all(e.task is None for e in entries)
+    for entry in entries:
+        record = store.get_task(entry.delivery.task_id)
+        assert record is not None and record.status is TaskStatus.QUEUED
+        assert store.list_attempts(entry.delivery.task_id)[-1].worker_id == "w1"
 
 
 def test_a_single_row_runs_its_blocks_own_statement(store: PostgresStore, sent: Sent) -> None:
@@ -899,6 +933,17 @@ def test_set_forms_do_work_linear_in_rows_and_table_whatever_the_statistics(
         ],
         "task_set_worker": [
             {"task_id": f"t{i}", "attempt_id": "a", "worker_id": "w"} for i in keys
+        ],
+        "task_claim": [
+            {
+                "task_id": f"t{i}",
+                "old": "queued",
+                "attempt_id": "a",
+                "new": "running",
+                "error": None,
+                "worker_id": "w",
+            }
+            for i in keys
         ],
         "task_complete": [
             {"task_id": f"t{i}", "attempt_id": "a", "launch_complete": 0} for i in keys

@@ -28,6 +28,7 @@ from pathlib import Path
 from typing import Any, cast
 
 import psycopg
+from psycopg.conninfo import conninfo_to_dict
 from psycopg.rows import dict_row
 
 from dagwerk.backends.errors import StoreUnavailableError
@@ -476,13 +477,21 @@ class PostgresGateway:
 
     def connect_kwargs(self) -> dict[str, Any]:
         """Keyword arguments of every connection this gateway opens."""
+        # Statements are prepared on their first use (psycopg's default is
+        # the sixth): a young connection then parses each statement once and
+        # the server's plan cache takes over (five plans for the values, then
+        # one generic plan if it is no worse).
         kwargs: dict[str, Any] = {
             "autocommit": True,
             "row_factory": dict_row,
             "application_name": self.application_name,
+            "prepare_threshold": 0,
         }
         if self.schema is not None:
-            kwargs["options"] = f"-c search_path={self.schema}"
+            # After the URL's own options (kept), so that it wins over a
+            # search_path among them.
+            given = str(conninfo_to_dict(self.url).get("options") or "")
+            kwargs["options"] = f"{given} -c search_path={self.schema}".strip()
         return kwargs
 
     def connect(self) -> Conn:

@@ -103,6 +103,17 @@ FROM (SELECT j.*, 'queued' AS queued
       OFFSET 0) AS r
 WHERE t.task_id = r.task_id AND t.attempt_id = r.attempt_id AND t.status = r.queued;
 
+-- name: task_claim
+-- key: task_id
+UPDATE dagwerk_tasks AS t SET status = r.new, error = r.error, worker_id = r.worker_id
+FROM (SELECT j.*
+      FROM unnest(ARRAY(SELECT jsonb_array_elements(CAST(:rows AS jsonb)))) AS e (v),
+           jsonb_to_record(e.v) AS j (
+               task_id text, old text, attempt_id text, new text, error text, worker_id text)
+      WHERE jsonb_typeof(e.v) = 'object'
+      OFFSET 0) AS r
+WHERE t.task_id = r.task_id AND t.status = r.old AND t.attempt_id = r.attempt_id;
+
 -- name: task_complete
 -- key: task_id
 UPDATE dagwerk_tasks AS t

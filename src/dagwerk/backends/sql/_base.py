@@ -397,7 +397,8 @@ class SqlStoreBase:
 
     @staticmethod
     def _bump(tx: Tx, run_id: str, node_index: int) -> None:
-        tx.run("node_bump", {"run_id": run_id, "node_index": node_index})
+        # Its row count is not needed: sent without waiting on PostgreSQL.
+        tx.many("node_bump", [{"run_id": run_id, "node_index": node_index}])
 
     def _token(self, tx: Tx, run: Row, node_index: int) -> str:
         """A token covering the run epoch, the node's generation and the state

@@ -18,10 +18,11 @@ from __future__ import annotations
 
 import json
 from collections.abc import Mapping, Sequence
+from contextlib import suppress
 from functools import partial
 from typing import TypeVar
 
-from dagwerk.backends.errors import StoreUnavailableError
+from dagwerk.backends.errors import StoreBusyError, StoreUnavailableError
 from dagwerk.constants import TaskStatus
 from dagwerk.errors import DagwerkError
 from dagwerk.models import EmittedOutput
@@ -76,25 +77,40 @@ class BatchMixin(TasksMixin, QueueMixin):
             return [
                 ClaimedDelivery(d, _claimed(row)) for d, row in zip(leased, claims, strict=True)
             ]
-        leased = self.dequeue(
+        # The leases leave the tasks' worker to the claims, which record it
+        # in the statement that sets a task RUNNING (one task update, not two).
+        leased = self._dequeue(
             worker_id,
             limit=limit,
             lease_seconds=lease_seconds,
             queues=queues,
             wait_seconds=wait_seconds,
+            record_worker=False,
         )
         found: dict[str, TaskRecord | None] = {}
         for group in _by_run([(d.run_id, d) for d in leased]):
             try:
                 with self._gw.write() as tx:
-                    rows = self._claim_many(tx, group)
+                    rows = self._claim_many(tx, group, worker_id=worker_id)
                 claimed = {d.delivery_id: _claimed(r) for d, r in zip(group, rows, strict=True)}
             except StoreUnavailableError:
                 # The leases are committed: the caller gets the rows unclaimed
-                # and handles them one by one (or they come back after the lease).
+                # and handles them one by one (or they come back after the
+                # lease); the worker is recorded as the lease would have.
                 claimed = {d.delivery_id: None for d in group}
+                self._record_worker(worker_id, group)
             found.update(claimed)
         return [ClaimedDelivery(d, found[d.delivery_id]) for d in leased]
+
+    def _record_worker(self, worker_id: str, leased: list[LeasedDelivery]) -> None:
+        """Record ``worker_id`` on the QUEUED tasks of ``leased`` (as a lease
+        that records it does), if the store can be written now."""
+        rows = [
+            {"task_id": d.task_id, "attempt_id": d.attempt_id, "worker_id": worker_id}
+            for d in leased
+        ]
+        with suppress(StoreBusyError, StoreUnavailableError), self._gw.write() as tx:
+            tx.many("task_set_worker", rows)
 
     def _claim_many(
         self,

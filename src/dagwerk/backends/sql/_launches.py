@@ -281,7 +281,11 @@ class LaunchesMixin(SqlStoreBase):
             "error": error,
             "task_count": len(plans),
         }
-        tx.run("launch_insert", launch)
+        # Writes whose results nothing reads are sent without waiting (one
+        # round trip for the whole launch on PostgreSQL, at its commit), so
+        # the server inserts the launch and its tasks while the deliveries'
+        # rows are built.
+        tx.many("launch_insert", [launch])
         ids = self._new_ids(2 * len(plans))
         rows = [
             {

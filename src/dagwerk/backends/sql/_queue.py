@@ -57,10 +57,13 @@ class QueueMixin(SqlStoreBase):
         queues: Sequence[str] | None,
         wait_seconds: float,
         claims: list[Row | None] | None = None,
+        record_worker: bool = True,
     ) -> list[LeasedDelivery]:
         """``dequeue``; with ``claims`` each leased row's task is also claimed
         in the lease's transaction and the claimed task's row (or ``None``) is
-        appended to ``claims`` (see :meth:`_lease`)."""
+        appended to ``claims`` (see :meth:`_lease`). ``record_worker=False``:
+        the leases do not record the worker on the tasks; the caller's claim
+        of the same rows does."""
         validate_worker_id(worker_id)
         if type(limit) is not int or limit < 1:
             raise InvalidStoreValueError("limit must be an int >= 1", field="limit")
@@ -77,7 +80,9 @@ class QueueMixin(SqlStoreBase):
         waiter = getattr(self._gw, "wait_for_work", None)
         while True:
             epoch = epoch_of() if epoch_of is not None else None
-            leased = self._lease(worker_id, limit, lease, queue_filter, claims)
+            leased = self._lease(
+                worker_id, limit, lease, queue_filter, claims, record_worker=record_worker
+            )
             remaining = deadline - time.monotonic()
             if leased or remaining <= 0:
                 return leased
@@ -109,6 +114,8 @@ class QueueMixin(SqlStoreBase):
         lease: float,
         queue_filter: str | None,
         claims: list[Row | None] | None = None,
+        *,
+        record_worker: bool = True,
     ) -> list[LeasedDelivery]:
         # Rows past max_deliveries are only noted here and buried afterwards,
         # each in its own transaction that locks the run row first: burying
@@ -174,9 +181,10 @@ class QueueMixin(SqlStoreBase):
                         for r in taken
                     ],
                 )
-                if claims is None:
+                if claims is None and record_worker:
                     # (With ``claims`` the claim below records the worker in
-                    # the same statement that sets the task RUNNING.)
+                    # the same statement that sets the task RUNNING; without
+                    # ``record_worker`` the caller's claim does.)
                     tx.many(
                         "task_set_worker",
                         [
