@@ -23,8 +23,9 @@ from dagwerk.backends.postgres import PostgresStore
 from dagwerk.backends.postgres._statements import RUN_LOCK_MODES
 from dagwerk.backends.postgres.gateway import QUERIES
 from dagwerk.constants import TaskStatus
-from dagwerk.store import LeasedDelivery
-from dagwerk.testing.helpers import new_run, root, tasks_of
+from dagwerk.orchestrator import reconcile_run
+from dagwerk.store import ClaimedDelivery, CompletionRequest, LeasedDelivery
+from dagwerk.testing.helpers import child, emit, new_run, root, tasks_of
 
 RUN_ID = "run-1"
 CLAIM, COMPLETION, EXCLUSIVE = (RUN_LOCK_MODES[m] for m in ("KEY SHARE", "NO KEY UPDATE", "UPDATE"))
@@ -162,3 +163,58 @@ def test_a_transaction_never_takes_a_stronger_run_lock(store: PostgresStore) -> 
         tx.one("run_get", {"run_id": RUN_ID})
         # A weaker mode after a stronger one holds nothing new.
         tx.all("tasks_get_owned_many", {"ids": json.dumps([running]), "first": running})
+
+
+def test_a_completion_counts_its_launch_from_the_counter_it_read_under_the_lock(
+    store: PostgresStore, postgres_url: str, label: str
+) -> None:
+    """A batch of completions learns whether it completed a launch from the
+    counter read with its tasks, after its run lock was granted: a completion
+    of the same launch that held the lock meanwhile has moved the counter by
+    then, so exactly one completion of the launch reports it complete."""
+    log = new_run(store, [root("a"), child("c", "a")], "run-2")
+    (entry,) = [
+        e
+        for e in store.claim_deliveries("w1", limit=4, lease_seconds=60.0)
+        if e.delivery.run_id == "run-2"
+    ]
+    assert _complete_all(store, [entry], "a")[0].launch_complete  # type: ignore[union-attr]
+    reconcile_run(store, "run-2", callbacks=log.callbacks)
+    entries = [
+        e
+        for e in store.claim_deliveries("w1", limit=8, lease_seconds=60.0)
+        if e.delivery.run_id == "run-2"
+    ]
+    assert len(entries) == 3  # one launch of three tasks
+    first, *rest = entries
+    with store._gw.write() as tx:
+        # A completion of the launch's first task, not yet committed: it holds
+        # the run in completion mode and has moved the counter.
+        done = store._complete(tx, first.delivery.task_id, emit("c-0"), first.delivery.attempt_id)
+        assert done is not None and not done.launch_complete
+        thread, outcome = _in_thread(lambda: _complete_all(store, rest, "c"))
+        until_waiting_for_a_lock(postgres_url, label, "the batch of completions")
+        assert thread.is_alive() and outcome == []
+    thread.join(20)
+    assert not thread.is_alive()
+    (results,) = outcome
+    assert [r.launch_complete for r in results] == [False, True]  # type: ignore[union-attr]
+
+
+def _complete_all(
+    store: PostgresStore, entries: list[ClaimedDelivery], prefix: str
+) -> list[object]:
+    return list(
+        store.complete_and_ack(
+            "w1",
+            [
+                CompletionRequest(
+                    task_id=e.delivery.task_id,
+                    expected_attempt_id=e.delivery.attempt_id,
+                    outputs=emit(*(f"{prefix}-{e.delivery.task_id}-{k}" for k in range(3))),
+                    delivery_id=e.delivery.delivery_id,
+                )
+                for e in entries
+            ],
+        )
+    )

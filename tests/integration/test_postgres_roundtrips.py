@@ -195,14 +195,13 @@ def test_several_reads_share_one_flight(proxy: DelayProxy, schema: str) -> None:
             assert trips == [2 if kind == "write" else 1]  # a write's COMMIT waits
 
 
-def test_a_batch_of_completions_costs_four_round_trips(proxy: DelayProxy, schema: str) -> None:
+def test_a_batch_of_completions_costs_three_round_trips(proxy: DelayProxy, schema: str) -> None:
     """A ``complete_and_ack`` of one run's tasks: the read that groups them by
-    run, then in the write the tasks with their taken output IDs, the launch
-    counter with its read (the outputs ride along), and the task writes with
-    the COMMIT, plus one per further launch the batch completes tasks of.
-    (It cost seven before: the taken IDs, the counter update and the run's
-    budget accounts were round trips of their own; the accounts are still
-    read once per run, by its first completion.)"""
+    run, then in the write the tasks with their taken output IDs and their
+    launches' counters, and every write with the COMMIT. (It cost seven
+    before: the taken IDs, the counter update, the counter's read and the
+    run's budget accounts were round trips of their own; the accounts are
+    still read once per run, by its first completion.)"""
     with PostgresStore(proxy.url, schema=schema) as store:
         new_run(store, [root("a"), root("b"), root("c")])
         claimed = store.claim_deliveries("w", limit=3, lease_seconds=60.0)
@@ -224,7 +223,7 @@ def test_a_batch_of_completions_costs_four_round_trips(proxy: DelayProxy, schema
                 outcomes += store.complete_and_ack("w", [request])
             trips += each
         assert all(isinstance(o, TaskCompletionResult) for o in outcomes), outcomes
-        assert trips == [5, 4, 4]
+        assert trips == [4, 3, 3]
 
 
 def test_a_launch_waits_only_for_its_reads_and_its_commit(

@@ -1,7 +1,9 @@
-"""A launch's completion counter moves in one statement where the database
-has ``RETURNING`` (SQLite 3.35+, PostgreSQL), in an update and a read where
-it has not; either way each completion learns whether it completed the
-launch (issue 9)."""
+"""A completion learns whether it completed its launch from the launch's
+counter as read with its task, under the lock every write of the counter
+takes: the counter's update needs no answer and no read of the launch follows
+it (issue 9; it used to be read back, or answered by ``RETURNING``).
+PostgreSQL's side, the read under the run lock, is in
+``tests/integration/test_postgres_lock_modes.py``."""
 
 from __future__ import annotations
 
@@ -34,12 +36,10 @@ def _complete(
     return outcome
 
 
-@pytest.mark.parametrize("returning", [True, False])
+@pytest.mark.parametrize("batched", [True, False])
 def test_each_completion_learns_whether_it_completed_the_launch(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, returning: bool
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, batched: bool
 ) -> None:
-    if returning and not sqlite_gateway.SqliteGateway.returning:
-        pytest.skip("this SQLite has no RETURNING")
     names: Counter[str] = Counter()
     execute, many = sqlite_gateway._Tx._execute, sqlite_gateway._Tx.many
 
@@ -54,7 +54,6 @@ def test_each_completion_learns_whether_it_completed_the_launch(
     monkeypatch.setattr(sqlite_gateway._Tx, "_execute", counted_execute)
     monkeypatch.setattr(sqlite_gateway._Tx, "many", counted_many)
     with SqliteStore(str(tmp_path / "db.sqlite")) as store:
-        monkeypatch.setattr(store._sqlite, "returning", returning)
         log = new_run(store, [root("a"), child("c", "a")])
         (first,) = store.claim_deliveries("w1", limit=3, lease_seconds=30.0)
         assert _complete(store, first, emit("a-1", "a-2", "a-3")).launch_complete
@@ -62,15 +61,55 @@ def test_each_completion_learns_whether_it_completed_the_launch(
         claimed = store.claim_deliveries("w1", limit=3, lease_seconds=30.0)
         assert len(claimed) == 3  # one launch of three tasks
         names.clear()
-        # One completion per call: the counter moves three times.
-        completes = [
-            _complete(store, entry, emit(f"c-{n}")).launch_complete
-            for n, entry in enumerate(claimed)
-        ]
+        if batched:
+            # One completion per call: the counter moves three times.
+            completes = [
+                _complete(store, entry, emit(f"c-{n}")).launch_complete
+                for n, entry in enumerate(claimed)
+            ]
+            moved = names["launch_count_completions"]
+        else:
+            completes = []
+            for n, entry in enumerate(claimed):
+                row = entry.delivery
+                result = store.try_complete_task(
+                    row.task_id, emit(f"c-{n}"), expected_attempt_id=row.attempt_id
+                )
+                assert result is not None
+                completes.append(result.launch_complete)
+            moved = names["launch_count_completion"]
         assert completes == [False, False, True]
+        assert moved == 3, names
+        # Nothing read the launch: its counter came with each task.
+        assert not [name for name in names if name.startswith("launch") and "count" not in name]
         reconcile_run(store, "run-1", callbacks=log.callbacks)
         assert store.get_run_status("run-1") is RunStatus.COMPLETED
-    if returning:
-        assert names["launch_count_returning"] == 3 and names["launch_by_id"] == 0, names
-    else:
-        assert names["launch_count_completions"] == 3 and names["launch_by_id"] == 3, names
+
+
+def test_a_batch_of_one_launchs_tasks_completes_it_once(tmp_path: Path) -> None:
+    """Requests for tasks of one launch in one call: each counts from the
+    counter read with the tasks, in request order."""
+    with SqliteStore(str(tmp_path / "db.sqlite")) as store:
+        log = new_run(store, [root("a"), child("c", "a")])
+        (first,) = store.claim_deliveries("w1", limit=3, lease_seconds=30.0)
+        assert _complete(store, first, emit("a-1", "a-2", "a-3")).launch_complete
+        reconcile_run(store, "run-1", callbacks=log.callbacks)
+        claimed = store.claim_deliveries("w1", limit=3, lease_seconds=30.0)
+        (lone, *pair) = claimed
+        assert not _complete(store, lone, emit("c-0")).launch_complete
+        outcomes = store.complete_and_ack(
+            "w1",
+            [
+                CompletionRequest(
+                    task_id=entry.delivery.task_id,
+                    expected_attempt_id=entry.delivery.attempt_id,
+                    outputs=emit(f"c-{n}"),
+                    delivery_id=entry.delivery.delivery_id,
+                )
+                for n, entry in enumerate(pair, start=1)
+            ],
+        )
+        assert [isinstance(o, TaskCompletionResult) and o.launch_complete for o in outcomes] == [
+            False,
+            True,
+        ]

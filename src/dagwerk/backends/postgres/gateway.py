@@ -447,9 +447,6 @@ class PostgresGateway:
     connections in ``pg_stat_activity``.
     """
 
-    returning = True
-    """Statements may end in ``RETURNING``."""
-
     def __init__(
         self,
         url: str,

@@ -148,9 +148,6 @@ FROM dagwerk_launches WHERE run_id = :run_id AND active = 1;
 -- name: launch_active
 SELECT * FROM dagwerk_launches WHERE run_id = :run_id AND node_index = :node_index AND active = 1;
 
--- name: launch_by_id
-SELECT * FROM dagwerk_launches WHERE launch_id = :launch_id;
-
 -- name: launches_active
 SELECT * FROM dagwerk_launches WHERE run_id = :run_id AND active = 1 ORDER BY node_index;
 
@@ -250,14 +247,17 @@ LEFT JOIN dagwerk_launches l
 WHERE t.task_id = :task_id;
 
 -- name: task_get_completing
--- task_get_owned in completion mode (see Locking above).
+-- task_get_owned in completion mode (see Locking above), with the counter of
+-- the task's launch: every write of a counter takes its run in completion
+-- mode, so the value read after the prelude stays until this commits.
 SELECT 1 FROM dagwerk_runs WHERE run_id = (
     SELECT root_run_id FROM dagwerk_run_links WHERE run_id = (SELECT run_id FROM dagwerk_tasks WHERE task_id = :task_id)
 ) FOR NO KEY UPDATE;
 SELECT 1 FROM dagwerk_runs
 WHERE run_id = (SELECT run_id FROM dagwerk_tasks WHERE task_id = :task_id) FOR NO KEY UPDATE;
 SELECT t.*, r.status AS run_status,
-       (t.invalidated = 0 AND n.generation = t.generation AND l.launch_id IS NOT NULL) AS owned
+       (t.invalidated = 0 AND n.generation = t.generation AND l.launch_id IS NOT NULL) AS owned,
+       l.completed AS launch_completed, l.task_count AS launch_task_count
 FROM dagwerk_tasks t
 JOIN dagwerk_runs r ON r.run_id = t.run_id
 JOIN dagwerk_nodes n ON n.run_id = t.run_id AND n.node_index = t.node_index
@@ -266,13 +266,15 @@ LEFT JOIN dagwerk_launches l
 WHERE t.task_id = :task_id;
 
 -- name: tasks_get_owned_many
+-- task_get_completing for a list of one run's tasks.
 SELECT 1 FROM dagwerk_runs WHERE run_id = (
     SELECT root_run_id FROM dagwerk_run_links WHERE run_id = (SELECT run_id FROM dagwerk_tasks WHERE task_id = :first)
 ) FOR NO KEY UPDATE;
 SELECT 1 FROM dagwerk_runs
 WHERE run_id = (SELECT run_id FROM dagwerk_tasks WHERE task_id = :first) FOR NO KEY UPDATE;
 SELECT t.*, r.status AS run_status,
-       (t.invalidated = 0 AND n.generation = t.generation AND l.launch_id IS NOT NULL) AS owned
+       (t.invalidated = 0 AND n.generation = t.generation AND l.launch_id IS NOT NULL) AS owned,
+       l.completed AS launch_completed, l.task_count AS launch_task_count
 FROM dagwerk_tasks t
 JOIN dagwerk_runs r ON r.run_id = t.run_id
 JOIN dagwerk_nodes n ON n.run_id = t.run_id AND n.node_index = t.node_index
@@ -304,12 +306,6 @@ FOR NO KEY UPDATE OF t;
 
 -- name: launch_count_completions
 UPDATE dagwerk_launches SET completed = completed + :n WHERE launch_id = :launch_id;
-
--- name: launch_count_returning
--- launch_count_completions answering the counter and the launch's task count
--- (where the database has RETURNING: SQLite 3.35 or later).
-UPDATE dagwerk_launches SET completed = completed + :n WHERE launch_id = :launch_id
-RETURNING completed, task_count;
 
 -- name: tasks_runs
 SELECT task_id, run_id FROM dagwerk_tasks

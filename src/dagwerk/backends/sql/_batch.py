@@ -386,22 +386,23 @@ class BatchMixin(TasksMixin, QueueMixin):
                     raise _OutputIdTaken from exc  # decided again with the read
                 raise
         # Each launch's counter moves once; the request that brought it to
-        # its task count is the one that completed the launch. The counter's
-        # update needs no answer: it travels with the launch's read (one
-        # round trip on PostgreSQL).
-        returning = getattr(self._gw, "returning", False)
+        # its task count is the one that completed the launch. The counter
+        # was read with the tasks, under the lock every write of it takes
+        # (the run in completion mode on PostgreSQL): its update needs no
+        # answer and travels with the commit.
         for launch_id, positions in batch.by_launch.items():
-            counted = {"launch_id": launch_id, "n": len(positions)}
-            if returning:
-                launch = tx.one("launch_count_returning", counted)
-            else:
-                tx.many("launch_count_completions", [counted])
-                launch = tx.one("launch_by_id", {"launch_id": launch_id})
-            assert launch is not None
-            before = launch["completed"] - len(positions)
+            before, task_count = batch.counters[launch_id]
             for k, position in enumerate(positions):
-                complete = before + k + 1 == launch["task_count"]
+                complete = before + k + 1 == task_count
                 batch.tasks[position]["launch_complete"] = int(complete)
+        if batch.by_launch:
+            tx.many(
+                "launch_count_completions",
+                [
+                    {"launch_id": launch_id, "n": len(positions)}
+                    for launch_id, positions in batch.by_launch.items()
+                ],
+            )
         if batch.tasks:
             check_task_transition(TaskStatus.RUNNING, TaskStatus.COMPLETED)
             tx.many("task_complete", batch.tasks)
@@ -462,6 +463,8 @@ class _CompletionBatch:
         self.tasks: list[dict[str, object]] = []
         self.acks: list[dict[str, object]] = []
         self.by_launch: dict[str, list[int]] = {}
+        # launch -> (its counter as read with the tasks, its task count)
+        self.counters: dict[str, tuple[int, int]] = {}
         self.nodes: dict[tuple[str, int], None] = {}
         self.results: list[tuple[int, Row]] = []
         # task -> (attempt, index of the request that completed it)
@@ -482,6 +485,7 @@ class _CompletionBatch:
             {"task_id": item.task_id, "attempt_id": item.expected_attempt_id, "launch_complete": 0}
         )
         self.by_launch.setdefault(row["launch_id"], []).append(position)
+        self.counters[row["launch_id"]] = (row["launch_completed"], row["launch_task_count"])
         self.nodes[(row["run_id"], row["node_index"])] = None
         self.acks.append({"delivery_id": item.delivery_id, "worker_id": worker_id})
         self.results.append((index, row))

@@ -260,11 +260,10 @@ class TasksMixin(SqlStoreBase):
         if prepared:
             tx.many("output_insert", prepared)
         check_task_transition(TaskStatus.RUNNING, TaskStatus.COMPLETED)
-        # No answer needed: the update travels with the read below.
+        # The counter was read with the task, under the lock every write of
+        # it takes (see _write_completions): no answer needed.
         tx.many("launch_count_completion", [{"launch_id": task["launch_id"]}])
-        launch = tx.one("launch_by_id", {"launch_id": task["launch_id"]})
-        assert launch is not None
-        complete = launch["completed"] == launch["task_count"]
+        complete = task["launch_completed"] + 1 == task["launch_task_count"]
         tx.run(
             "task_complete",
             {

@@ -170,9 +170,6 @@ class SqliteGateway:
     """One database-wide write lock: a transaction never waits on row locks, so
     a batch of several runs' transitions cannot deadlock (see sql/_batch.py)."""
 
-    returning = sqlite3.sqlite_version_info >= (3, 35, 0)
-    """Whether statements may end in ``RETURNING`` (SQLite 3.35, 2021, or later)."""
-
     def __init__(
         self,
         path: str,
