@@ -213,6 +213,10 @@ class CompletionRequest:
     expected_attempt_id: str
     outputs: tuple[EmittedOutput, ...]
     delivery_id: str
+    run_id: str | None = None
+    """The task's run, where the caller knows it (a worker does, from the
+    delivery): a store that groups requests by run may take it instead of
+    reading it. A wrong one costs the store a read, never a wrong write."""
 
 
 CompletionOutcome = TaskCompletionResult | None | DagwerkError

@@ -226,6 +226,30 @@ def test_a_batch_of_completions_costs_three_round_trips(proxy: DelayProxy, schem
         assert trips == [4, 3, 3]
 
 
+def test_a_batch_that_names_its_runs_costs_two_round_trips(proxy: DelayProxy, schema: str) -> None:
+    """As a worker sends it, each request naming its task's run: no read
+    groups them (the run's budget accounts are still read by its first
+    completion)."""
+    with PostgresStore(proxy.url, schema=schema) as store:
+        new_run(store, [root("a"), root("b"), root("c")])
+        claimed = store.claim_deliveries("w", limit=3, lease_seconds=60.0)
+        trips = []
+        for entry in claimed:
+            row = entry.delivery
+            request = CompletionRequest(
+                row.task_id,
+                row.attempt_id,
+                emit(f"out-{row.node_index}"),
+                row.delivery_id,
+                row.run_id,
+            )
+            with proxy.count() as each:
+                (outcome,) = store.complete_and_ack("w", [request])
+            assert isinstance(outcome, TaskCompletionResult), outcome
+            trips += each
+        assert trips == [3, 2, 2]
+
+
 def test_a_launch_waits_only_for_its_reads_and_its_commit(
     proxy: DelayProxy, schema: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:

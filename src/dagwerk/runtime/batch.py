@@ -282,6 +282,7 @@ def _complete_all(
                 attempt.delivery.attempt_id,
                 outcome.outputs,
                 attempt.delivery.delivery_id,
+                attempt.delivery.run_id,
             )
         )
     # Where the completions commit in one unit of work, the next batch is

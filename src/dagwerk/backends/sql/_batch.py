@@ -198,21 +198,55 @@ class BatchMixin(TasksMixin, QueueMixin):
                 raise InvalidStoreValueError(
                     "requests must be CompletionRequest values", field="requests"
                 )
+            if item.run_id is not None and type(item.run_id) is not str:
+                raise InvalidStoreValueError("run_id must be a string or None", field="run_id")
         if not items:
             return []
         outcomes: list[CompletionOutcome] = [None] * len(items)
-        runs: dict[str, str] = {}
-        if self._one_writer():
-            groups = [list(range(len(items)))]
-        else:
-            ids = json.dumps([item.task_id for item in items])
-            with self._gw.read() as tx:
-                runs = {row["task_id"]: row["run_id"] for row in tx.all("tasks_runs", {"ids": ids})}
-            groups = _by_run([(runs.get(item.task_id, ""), i) for i, item in enumerate(items)])
         # Output texts do not depend on stored state: computed before the
         # write lock is taken.
         texts = output_texts(output for item in items for output in item.outputs)
-        for group in groups:
+        if self._one_writer():
+            self._complete_groups(
+                worker_id, items, [list(range(len(items)))], {}, outcomes=outcomes, texts=texts
+            )
+        elif all(item.run_id for item in items):
+            # The runs the caller named: each group checks them against the
+            # tasks it reads under its run's lock (see _complete_groups).
+            runs = {item.task_id: str(item.run_id) for item in items}
+            groups = _by_run([(runs[item.task_id], i) for i, item in enumerate(items)])
+            self._complete_groups(
+                worker_id, items, groups, runs, outcomes=outcomes, texts=texts, named=True
+            )
+        else:
+            self._complete_groups(
+                worker_id, items, [list(range(len(items)))], None, outcomes=outcomes, texts=texts
+            )
+        return outcomes
+
+    def _complete_groups(
+        self,
+        worker_id: str,
+        items: list[CompletionRequest],
+        groups: list[list[int]],
+        runs: dict[str, str] | None,
+        *,
+        outcomes: list[CompletionOutcome],
+        texts: Mapping[int, OutputTexts],
+        named: bool = False,
+    ) -> None:
+        """Complete ``groups`` of ``items``, one transaction each. ``runs``:
+        task -> run of the items (``None``: read them first, and group by
+        them); ``named``: the caller named them, so each group checks them
+        against the tasks it reads, and regroups by the stored runs if one
+        differs (nothing of that group is written meanwhile)."""
+        if runs is None:
+            ids = json.dumps([items[i].task_id for group in groups for i in group])
+            with self._gw.read() as tx:
+                runs = {row["task_id"]: row["run_id"] for row in tx.all("tasks_runs", {"ids": ids})}
+            keyed = [(runs.get(items[i].task_id, ""), i) for group in groups for i in group]
+            groups = _by_run(keyed)
+        for position, group in enumerate(groups):
             run_id = runs.get(items[group[0]].task_id)
             group_items = [(i, items[i]) for i in group]
             # One writer (SQLite): the outputs are first inserted without
@@ -231,16 +265,24 @@ class BatchMixin(TasksMixin, QueueMixin):
                             texts,
                             run_id=run_id,
                             optimistic=optimistic,
+                            named=named,
                         )
                     break
                 except _OutputIdTaken:
                     optimistic = False
                     for i in group:
                         outcomes[i] = None
+                except _OtherRun:
+                    for i in group:
+                        outcomes[i] = None
+                    rest = [i for later in groups[position:] for i in later]
+                    self._complete_groups(
+                        worker_id, items, [rest], None, outcomes=outcomes, texts=texts
+                    )
+                    return
             kept = self._recent_outputs.keepable(written) if written else None
             if kept:
                 self._after_commit(partial(self._recent_outputs.add, kept))
-        return outcomes
 
     def _complete_group(
         self,
@@ -252,6 +294,7 @@ class BatchMixin(TasksMixin, QueueMixin):
         *,
         run_id: str | None = None,
         optimistic: bool = False,
+        named: bool = False,
     ) -> list[dict[str, object]]:
         """Every request of ``items`` in one transaction, with set-based writes;
         the output rows written. ``optimistic``: the taken output IDs are not
@@ -296,6 +339,11 @@ class BatchMixin(TasksMixin, QueueMixin):
         else:
             found = tx.all("tasks_get_owned_many", tasks)
         rows = {row["task_id"]: row for row in found}
+        if named and (ids[0] not in rows or any(row["run_id"] != run_id for row in rows.values())):
+            # The run lock taken is that of the first task's stored run: it
+            # covers this group only if every task found belongs to the run
+            # the caller named, and the first was found.
+            raise _OtherRun
         statuses = {row["run_id"]: row["run_status"] for row in rows.values()}
         budgeted = {
             run_id
@@ -427,6 +475,11 @@ class BatchMixin(TasksMixin, QueueMixin):
             return exc
         tx.run("queue_ack", {"delivery_id": item.delivery_id, "worker_id": worker_id})
         return result
+
+
+class _OtherRun(Exception):
+    """A group's tasks are not all of the run the caller named (see
+    ``_complete_groups``): the group's transaction rolls back."""
 
 
 class _OutputIdTaken(Exception):
