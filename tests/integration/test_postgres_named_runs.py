@@ -11,11 +11,9 @@ is grouped by the stored runs, as without names.
 
 from __future__ import annotations
 
-import uuid
 from collections.abc import Iterator
 from typing import Any
 
-import psycopg
 import pytest
 
 from dagwerk.backends.postgres import PostgresStore
@@ -31,15 +29,9 @@ from dagwerk.testing.helpers import emit, new_run, root
 
 
 @pytest.fixture
-def store(postgres_url: str) -> Iterator[PostgresStore]:
-    schema = f"named_{uuid.uuid4().hex[:16]}"
-    opened = PostgresStore(postgres_url, schema=schema)
-    try:
+def store(postgres_url: str, pg_schema: str) -> Iterator[PostgresStore]:
+    with PostgresStore(postgres_url, schema=pg_schema) as opened:
         yield opened
-    finally:
-        opened.close()
-        with psycopg.connect(postgres_url, autocommit=True) as conn:
-            conn.execute(f'DROP SCHEMA IF EXISTS "{schema}" CASCADE')
 
 
 @pytest.fixture

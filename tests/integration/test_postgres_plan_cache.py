@@ -15,7 +15,6 @@ import re
 import uuid
 from collections.abc import Iterator
 
-import psycopg
 import pytest
 
 from dagwerk.backends.postgres import PostgresStore
@@ -42,15 +41,9 @@ def _server_text(query: bytes) -> str:
 
 
 @pytest.fixture
-def store(postgres_url: str) -> Iterator[PostgresStore]:
-    schema = f"plans_{uuid.uuid4().hex[:16]}"
-    opened = PostgresStore(postgres_url, schema=schema, pool_size=1)
-    try:
+def store(postgres_url: str, pg_schema: str) -> Iterator[PostgresStore]:
+    with PostgresStore(postgres_url, schema=pg_schema, pool_size=1) as opened:
         yield opened
-    finally:
-        opened.close()
-        with psycopg.connect(postgres_url, autocommit=True) as conn:
-            conn.execute(f'DROP SCHEMA IF EXISTS "{schema}" CASCADE')
 
 
 def _fan_out(store: PostgresStore, size: int) -> None:

@@ -18,7 +18,7 @@ from dagwerk.constants import RunStatus
 from dagwerk.models import EmittedOutput
 from dagwerk.orchestrator import reconcile_run
 from dagwerk.store import ClaimedDelivery, CompletionRequest, TaskCompletionResult
-from dagwerk.testing.helpers import child, emit, new_run, root
+from dagwerk.testing.helpers import CallbackLog, child, emit, new_run, root
 
 
 def _complete(
@@ -34,6 +34,18 @@ def _complete(
     (outcome,) = store.complete_and_ack("w1", [request])
     assert isinstance(outcome, TaskCompletionResult), outcome
     return outcome
+
+
+def _launch_of_three(store: SqliteStore) -> tuple[CallbackLog, list[ClaimedDelivery]]:
+    """A root that emitted three outputs, and its EACH child's three tasks
+    (one launch) claimed."""
+    log = new_run(store, [root("a"), child("c", "a")])
+    (first,) = store.claim_deliveries("w1", limit=3, lease_seconds=30.0)
+    assert _complete(store, first, emit("a-1", "a-2", "a-3")).launch_complete
+    reconcile_run(store, "run-1", callbacks=log.callbacks)
+    claimed = list(store.claim_deliveries("w1", limit=3, lease_seconds=30.0))
+    assert len(claimed) == 3
+    return log, claimed
 
 
 @pytest.mark.parametrize("batched", [True, False])
@@ -54,12 +66,7 @@ def test_each_completion_learns_whether_it_completed_the_launch(
     monkeypatch.setattr(sqlite_gateway._Tx, "_execute", counted_execute)
     monkeypatch.setattr(sqlite_gateway._Tx, "many", counted_many)
     with SqliteStore(str(tmp_path / "db.sqlite")) as store:
-        log = new_run(store, [root("a"), child("c", "a")])
-        (first,) = store.claim_deliveries("w1", limit=3, lease_seconds=30.0)
-        assert _complete(store, first, emit("a-1", "a-2", "a-3")).launch_complete
-        reconcile_run(store, "run-1", callbacks=log.callbacks)
-        claimed = store.claim_deliveries("w1", limit=3, lease_seconds=30.0)
-        assert len(claimed) == 3  # one launch of three tasks
+        log, claimed = _launch_of_three(store)
         names.clear()
         if batched:
             # One completion per call: the counter moves three times.
@@ -90,11 +97,7 @@ def test_a_batch_of_one_launchs_tasks_completes_it_once(tmp_path: Path) -> None:
     """Requests for tasks of one launch in one call: each counts from the
     counter read with the tasks, in request order."""
     with SqliteStore(str(tmp_path / "db.sqlite")) as store:
-        log = new_run(store, [root("a"), child("c", "a")])
-        (first,) = store.claim_deliveries("w1", limit=3, lease_seconds=30.0)
-        assert _complete(store, first, emit("a-1", "a-2", "a-3")).launch_complete
-        reconcile_run(store, "run-1", callbacks=log.callbacks)
-        claimed = store.claim_deliveries("w1", limit=3, lease_seconds=30.0)
+        _, claimed = _launch_of_three(store)
         (lone, *pair) = claimed
         assert not _complete(store, lone, emit("c-0")).launch_complete
         outcomes = store.complete_and_ack(
