@@ -24,7 +24,12 @@ from dagwerk.engine import Engine
 from dagwerk.execution import claim_task
 from dagwerk.frontier import reconcile_after_completion
 from dagwerk.models import EmittedOutput, PlannedEdgeInput, TaskInputPlan
-from dagwerk.store import CompletionRequest, InvalidStoreValueError, TaskCompletionResult
+from dagwerk.store import (
+    CompletionRequest,
+    InvalidStoreValueError,
+    PlanningSnapshot,
+    TaskCompletionResult,
+)
 from dagwerk.testing.helpers import CallbackLog, chain, child, new_run, only_task, root
 
 # Blocks that read every node or launch of a run, or the run's definitions.
@@ -68,6 +73,18 @@ def _hop(
         outputs = (EmittedOutput(id=f"o{node_index}", fields={"n": node_index}),)
     result = store.try_complete_task(record.task_id, outputs, expected_attempt_id=won.attempt_id)
     assert result is not None and result.launch_complete
+
+
+def _snapshot(store: SqliteStore, node_index: int, sources: dict[str, int]) -> PlanningSnapshot:
+    """A planning snapshot of run-1's node with generous limits."""
+    return store.get_planning_snapshot(
+        "run-1",
+        node_index,
+        sources,
+        max_outputs_per_edge=100,
+        max_outputs_total=100,
+        max_routing_bytes=10_000,
+    )
 
 
 def _root_done(store: SqliteStore, length: int) -> CallbackLog:
@@ -171,14 +188,7 @@ def _unit_hop_statements(
         assert nodes is not None
         with store.unit_of_work():
             assert store.create_run("run-2", chain(1))  # the unit's first write
-            snapshot = store.get_planning_snapshot(
-                "run-1",
-                2,
-                {"in": 1},
-                max_outputs_per_edge=100,
-                max_outputs_total=100,
-                max_routing_bytes=10_000,
-            )
+            snapshot = _snapshot(store, 2, {"in": 1})
             if write_between:
                 with store._gw.write() as tx:
                     tx.run("node_bump", {"run_id": "run-1", "node_index": 1})
@@ -252,14 +262,7 @@ def test_a_launch_the_frontier_saw_is_read_and_reported_as_existing(
             assert store.create_run("run-2", chain(1))  # the unit's first write
             frontier = store.get_run_frontier("run-1", [0, 1])
             assert frontier is not None and set(frontier.launches) == {0, 1}
-            snapshot = store.get_planning_snapshot(
-                "run-1",
-                1,
-                {"in": 0},
-                max_outputs_per_edge=100,
-                max_outputs_total=100,
-                max_routing_bytes=10_000,
-            )
+            snapshot = _snapshot(store, 1, {"in": 0})
             statements.clear()
             result = store.try_create_node_launch(
                 "run-1", 1, nodes[1].plugin, snapshot.token, (), NodeDisposition.SKIPPED
@@ -302,24 +305,10 @@ def test_a_snapshot_reuses_its_frontier_only_with_no_write_between(
                 with store._gw.write() as tx:
                     tx.run("node_bump", {"run_id": "run-1", "node_index": 1})
             statements.clear()
-            snapshot = store.get_planning_snapshot(
-                "run-1",
-                2,
-                sources,
-                max_outputs_per_edge=100,
-                max_outputs_total=100,
-                max_routing_bytes=10_000,
-            )
+            snapshot = _snapshot(store, 2, sources)
             found = Counter(statements)
         # Whatever was reused, the snapshot is the one a fresh read gives.
-        again = store.get_planning_snapshot(
-            "run-1",
-            2,
-            sources,
-            max_outputs_per_edge=100,
-            max_outputs_total=100,
-            max_routing_bytes=10_000,
-        )
+        again = _snapshot(store, 2, sources)
         assert snapshot == again
         assert [o.id for o in snapshot.outputs_by_edge["in"]] == ["o1"]
     finally:
