@@ -9,9 +9,10 @@ Plugins:
   ``bench_step``  returns one small output and does nothing else
   ``bench_hop``   like ``bench_step`` but records ``node start end`` for
                   the ledger file of its process in the execution root, so
-                  the driver can compute per-hop latency (W2); the lines are
+                  the driver can compute per-hop latency (W2); the entries are
                   kept in memory and written when the worker process exits,
-                  so the ledger's own file writes are not inside any hop
+                  and the end is marked after the entry is filed, so none of
+                  the ledger's own work is inside any hop
 
 The ledger is written by the plugin, so a hop is measured from the parent
 plugin's return to the child plugin's entry: it contains the parent's
@@ -44,7 +45,9 @@ __all__ = [
 LEDGER_GLOB = "hops-*.txt"
 
 _ledger_lock = threading.Lock()
-_ledger: dict[Path, list[str]] = {}
+# Per ledger file: its entries, each ``[node, start, end]`` (times from
+# ``time.time()``), formatted only when written.
+_ledger: dict[Path, list[list[float]]] = {}
 
 
 @dagwerk.plugin("bench_emit")
@@ -62,29 +65,36 @@ def step(inputs: TaskInputs, ctx: TaskContext) -> object:
 
 @dagwerk.plugin("bench_hop")
 def hop(inputs: TaskInputs, ctx: TaskContext) -> object:
-    """One output, and a ledger line with this task's node, start and end."""
+    """One output, and a ledger entry with this task's node, start and end.
+    The end is marked last: filing the entry (a path, a lock) is the
+    benchmark's own work, not the engine's, and stays out of the hop."""
     start = time.time()
-    _append(ctx.execution_root, f"{ctx.node_index} {start!r} {time.time()!r}\n")
+    entry = [ctx.node_index, start, start]
+    _append(ctx.execution_root, entry)
+    entry[2] = time.time()
     return {"n": ctx.node_index}
 
 
-def _append(root: Path, line: str) -> None:
+def _append(root: Path, entry: list[float]) -> None:
+    """File ``entry`` (``[node, start, end]``, the end may be set later) for
+    the ledger of this process in ``root``."""
     path = root / f"hops-{os.getpid()}.txt"
     with _ledger_lock:
-        lines = _ledger.get(path)
-        if lines is None:
+        entries = _ledger.get(path)
+        if entries is None:
             if not _ledger:
                 atexit.register(_write_ledgers)
-            lines = _ledger[path] = []
-        lines.append(line)
+            entries = _ledger[path] = []
+        entries.append(entry)
 
 
 def _write_ledgers() -> None:
-    """Write the recorded lines (at the worker process's exit)."""
+    """Write the recorded entries as ``node start end`` lines (at the worker
+    process's exit)."""
     with _ledger_lock:
-        for path, lines in _ledger.items():
+        for path, entries in _ledger.items():
             with path.open("a") as handle:
-                handle.writelines(lines)
+                handle.writelines(f"{int(n)} {start!r} {end!r}\n" for n, start, end in entries)
         _ledger.clear()
 
 
