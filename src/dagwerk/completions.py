@@ -54,6 +54,7 @@ def complete_attempts(
     *,
     callbacks: OrchestratorCallbacks,
     limits: Limits | None = None,
+    before: Callable[[], object] | None = None,
     then: Callable[[], object] | None = None,
 ) -> list[CompletionOutcome]:
     """Complete and acknowledge ``requests`` in one store call, then reconcile.
@@ -67,7 +68,10 @@ def complete_attempts(
     On a :class:`~dagwerk.store.UnitOfWorkStore`, ``then`` runs inside the
     same unit of work after the reconcile (the worker claims its next batch
     there, seeing the launches just made); an exception from it is logged
-    and undoes only its own writes. Elsewhere ``then`` is not called.
+    and undoes only its own writes. ``before`` runs in the unit before the
+    completions (the worker announces that claim there, see
+    ``SqliteStore.expect_claim``); an exception from it leaves the unit.
+    Elsewhere neither is called.
     """
     if not implements(store, BatchQueueStore):
         raise StoreContractError("complete_attempts needs a BatchQueueStore")
@@ -76,6 +80,8 @@ def complete_attempts(
         return _complete(store, worker_id, items, callbacks, limits)
     deferred = _DeferredCallbacks()
     with store.unit_of_work():
+        if before is not None:
+            before()
         # Any error of the completions and their reconciles leaves the unit
         # (rolling all of it back), so their writes need no savepoints.
         with store.unit_of_work(all_or_nothing=True):

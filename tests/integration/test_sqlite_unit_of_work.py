@@ -173,6 +173,34 @@ def test_an_all_or_nothing_block_runs_its_writes_without_savepoints(db: Path) ->
         assert [other.get_run_status(r) for r in ("r1", "r2", "r3")] == [RunStatus.PENDING] * 3
 
 
+def test_every_ended_write_moves_the_write_mark_and_a_read_does_not(db: Path) -> None:
+    # What a unit read stays valid (its cached frontier, snapshot, fresh
+    # tasks) only until the unit's next write ends: each kind of joined
+    # write must move the mark, a joined read must not.
+    with SqliteStore(str(db)) as store:
+        gateway = store._sqlite
+        assert gateway.write_mark() is None  # outside a unit
+        with store.unit_of_work():
+            assert gateway.write_mark() is None  # nothing written yet
+            assert store.create_run("r1", _NODES)  # the first write
+            first = gateway.write_mark()
+            assert first is not None
+            assert store.get_run_status("r1") is RunStatus.PENDING
+            with gateway.read() as tx:
+                assert tx.one("run_status", {"run_id": "r1"}) is not None
+            assert gateway.write_mark() == first  # reads leave it
+            assert store.create_run("r2", _NODES)  # guarded (a savepoint)
+            guarded = gateway.write_mark()
+            assert guarded != first
+            with store.unit_of_work(all_or_nothing=True):
+                assert store.create_run("r3", _NODES)  # unguarded
+                unguarded = gateway.write_mark()
+                assert unguarded not in (first, guarded)
+                with gateway.read() as tx:
+                    assert tx.one("run_status", {"run_id": "r3"}) is not None
+                assert gateway.write_mark() == unguarded
+
+
 def test_a_swallowed_failure_in_an_all_or_nothing_block_dooms_the_unit(db: Path) -> None:
     with SqliteStore(str(db)) as store, SqliteStore(str(db)) as other:
         gateway = store._sqlite
@@ -398,6 +426,8 @@ def test_a_failed_claim_ahead_keeps_the_completions(
     store = engine.store
     real = store.claim_deliveries
     calls: list[float] = []
+    # No launch claims its tasks for the claim ahead here (see the next test).
+    monkeypatch.setattr(store, "expect_claim", lambda *args, **kwargs: False)
 
     def claim(*args: Any, **kwargs: Any) -> Any:
         calls.append(kwargs["wait_seconds"])
@@ -415,3 +445,48 @@ def test_a_failed_claim_ahead_keeps_the_completions(
     assert worker._claimed_ahead == []
     worker.run_until_idle()
     assert store.get_run_status(run_id) is RunStatus.COMPLETED
+
+
+def test_a_failed_queue_read_still_hands_over_what_the_launches_claimed(
+    db: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The launch in the root's completion unit inserted its task claimed for
+    # the claim ahead; the claim's own read of the queue then fails (and is
+    # undone), but the claimed task commits with its launch and must reach
+    # the worker, not wait for its lease to run out.
+    engine = Engine(f"sqlite:///{db}")
+    others: list[str] = []
+
+    def first(inputs: object, ctx: object) -> object:
+        if not others:  # a run whose root then waits beside the launch
+            others.append(engine.submit(chain(1)))
+        return [{"n": 1}]
+
+    engine.plugin("n0")(first)
+    for n in (1, 2):
+        engine.plugin(f"n{n}")(lambda inputs, ctx: [{"n": 1}])
+    run_id = engine.submit(chain(3))
+    worker = engine.worker(concurrency=4)
+    store = engine.store
+    real = store._dequeue
+    failed: list[int] = []
+
+    def dequeue(*args: Any, **kwargs: Any) -> Any:
+        if store._sqlite.write_mark() is not None:  # inside the completion unit
+            failed.append(kwargs["limit"])
+            with store._sqlite.write() as tx:
+                tx.run("run_status", {"run_id": run_id})  # a joined write that then fails
+                raise StoreUnavailableError("queue read failed")
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(store, "_dequeue", dequeue)
+    worker.process_once()  # the root; its completion unit launches n1 claimed
+    assert failed == [3]  # the claim read for the waiting root (room 4 - 1)
+    statuses = {t.node_index: t.status for t in store.list_tasks(run_id)}
+    assert statuses == {0: TaskStatus.COMPLETED, 1: TaskStatus.RUNNING}
+    assert [t.status for t in store.list_tasks(others[0])] == [TaskStatus.QUEUED]
+    assert [c.delivery.node_index for c in worker._claimed_ahead] == [1]
+    assert [c.task is not None for c in worker._claimed_ahead] == [True]
+    worker.run_until_idle()
+    assert store.get_run_status(run_id) is RunStatus.COMPLETED
+    assert store.get_run_status(others[0]) is RunStatus.COMPLETED

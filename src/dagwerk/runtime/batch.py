@@ -289,15 +289,37 @@ def _complete_all(
     # claimed in it too: it sees the launches just made, and the worker saves
     # a transaction per batch. The claims count only once the unit commits.
     ahead: list[ClaimedDelivery] = []
+    store = worker._batch_store
+    expected: list[bool] = []
+
+    def expect() -> None:
+        # The unit's launches may then insert the tasks this claim would
+        # take first as already claimed (SQLite; see sql/_ahead.py).
+        expect_claim = getattr(store, "expect_claim", None)
+        if expect_claim is not None and not worker._stopped:
+            expected.append(
+                expect_claim(
+                    worker.worker_id,
+                    limit=worker.concurrency,
+                    lease_seconds=worker.lease_bound(None),
+                    queues=worker.queues,
+                )
+            )
 
     def claim_ahead() -> None:
-        store = worker._batch_store
-        if store is not None and not worker._stopped:
+        # Once announced, the claim is made even by a stopping worker: it
+        # hands over what the launches claimed, which the stop gives back.
+        if store is not None and (any(expected) or not worker._stopped):
             ahead.extend(_claim(worker, store, 0.0))
 
     try:
         results = complete_attempts(
-            worker.store, worker.worker_id, requests, callbacks=worker.callbacks, then=claim_ahead
+            worker.store,
+            worker.worker_id,
+            requests,
+            callbacks=worker.callbacks,
+            before=expect,
+            then=claim_ahead,
         )
     except Exception:
         # Nothing of the batch committed (or it did and the reconcile failed,

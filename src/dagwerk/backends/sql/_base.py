@@ -16,7 +16,7 @@ import os
 import threading
 import time
 from collections.abc import Callable
-from typing import Any, NamedTuple
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 from dagwerk._fifo import FifoCache
 from dagwerk.constants import FailurePolicy, RunStatus, TaskStatus
@@ -29,6 +29,9 @@ from dagwerk.transitions import check_task_transition
 
 from ._recent import RecentOutputs
 from .gateway import Gateway, Row, Tx
+
+if TYPE_CHECKING:
+    from ._ahead import ClaimIntent
 
 UNFINISHED = (TaskStatus.PENDING, TaskStatus.QUEUED, TaskStatus.RUNNING, TaskStatus.WAITING)
 FAILURES = (TaskStatus.FAILED, TaskStatus.CRASHED)
@@ -150,6 +153,8 @@ class SqlStoreBase:
         # and the tasks the last launches inserted, for the claim ahead.
         self._fresh_frontier: FreshFrontier | None = None
         self._fresh_tasks: FreshTasks | None = None
+        # Per thread, what its unit's claim ahead will ask (see _ahead.py).
+        self._claim_intents: dict[int, ClaimIntent] = {}
         # Started runs without budget accounts (they never get any later).
         self._unbudgeted: FifoCache[str, bool] = FifoCache()
         # Tasks this process's dequeues crashed by dead-lettering (drained by
@@ -454,7 +459,8 @@ def queued_task_row(inserted: dict[str, object]) -> dict[str, object]:
     """The row ``tasks_claimable_many`` reads for a task just inserted QUEUED
     by ``task_insert`` with ``inserted`` (the table's defaults for the rest;
     a test compares it with the stored row), in a RUNNING run whose launch
-    and generation are current."""
+    and generation are current; or inserted claimed by
+    ``task_insert_claimed`` (its status and ``worker_id`` then)."""
     return {
         "task_id": inserted["task_id"],
         "run_id": inserted["run_id"],
@@ -473,7 +479,7 @@ def queued_task_row(inserted: dict[str, object]) -> dict[str, object]:
         "failure_attempt_id": None,
         "failure_status": None,
         "attempt_number": 1,
-        "worker_id": None,
+        "worker_id": inserted.get("worker_id"),
         "lost_deliveries": 0,
         "run_status": RunStatus.RUNNING.value,
         "owned": 1,

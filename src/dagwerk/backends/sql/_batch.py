@@ -17,6 +17,7 @@ exclusively.
 from __future__ import annotations
 
 import json
+import logging
 from collections.abc import Mapping, Sequence
 from contextlib import suppress
 from functools import partial
@@ -38,14 +39,17 @@ from dagwerk.store import (
 )
 from dagwerk.transitions import check_task_transition
 
-from ._queue import QueueMixin
+from ._ahead import ClaimAheadMixin, Preclaimed
+from ._queue import QueueMixin, validate_claim
 from ._tasks import OutputTexts, TasksMixin, _completion, output_texts, task_record
 from .gateway import Row, Tx
 
 _T = TypeVar("_T")
 
+_LOG = logging.getLogger("dagwerk.backends.sql")
 
-class BatchMixin(TasksMixin, QueueMixin):
+
+class BatchMixin(TasksMixin, QueueMixin, ClaimAheadMixin):
     def _one_writer(self) -> bool:
         return bool(getattr(self._gw, "serialises_writers", False))
 
@@ -63,19 +67,36 @@ class BatchMixin(TasksMixin, QueueMixin):
         wait_seconds: float = 0.0,
     ) -> list[ClaimedDelivery]:
         if self._one_writer():
+            # What the unit's launches claimed for this claim comes first.
+            if self._claim_intents:
+                # Checked before anything claimed is taken (no read of the
+                # queue, which checks them too, may follow).
+                validate_claim(worker_id, limit, lease_seconds, queues, wait_seconds)
+            pre = self._take_preclaimed(worker_id, limit)
             claims: list[Row | None] = []
-            leased = self._dequeue(
-                worker_id,
-                limit=limit,
-                lease_seconds=lease_seconds,
-                queues=queues,
-                wait_seconds=wait_seconds,
-                claims=claims,
-            )
+            leased: list[LeasedDelivery] = []
+            if pre.rest or not pre.claimed:
+                try:
+                    leased = self._dequeue(
+                        worker_id,
+                        limit=pre.rest,
+                        lease_seconds=lease_seconds,
+                        queues=queues,
+                        wait_seconds=0.0 if pre.claimed else wait_seconds,
+                        claims=claims,
+                    )
+                except Exception:
+                    if not pre.claimed:
+                        raise
+                    # The claimed tasks commit with their launches: whatever
+                    # else fails, they must reach the worker.
+                    _LOG.exception("reading the queue after the claimed launches failed")
+                    leased, claims = [], []
             # Records are built after the commit: parsing plans need not hold
             # the database's write lock.
             return [
-                ClaimedDelivery(d, _claimed(row)) for d, row in zip(leased, claims, strict=True)
+                *self._preclaimed_deliveries(pre),
+                *(ClaimedDelivery(d, _claimed(r)) for d, r in zip(leased, claims, strict=True)),
             ]
         # The leases leave the tasks' worker to the claims, which record it
         # in the statement that sets a task RUNNING (one task update, not two).
@@ -101,6 +122,38 @@ class BatchMixin(TasksMixin, QueueMixin):
                 self._record_worker(worker_id, group)
             found.update(claimed)
         return [ClaimedDelivery(d, found[d.delivery_id]) for d in leased]
+
+    def _preclaimed_deliveries(self, pre: Preclaimed) -> list[ClaimedDelivery]:
+        """The claims of ``pre``; read again when the unit wrote since the
+        last of them, and refused (task ``None``) where a write since left a
+        task other than RUNNING under its attempt in a RUNNING run."""
+        if not pre.claimed:
+            return []
+        if pre.current:
+            return [ClaimedDelivery(d, _claimed(row)) for d, row in pre.claimed]
+        ids = [d.task_id for d, _ in pre.claimed]
+        try:
+            with self._gw.read() as tx:
+                rows = {
+                    row["task_id"]: row
+                    for row in tx.all(
+                        "tasks_claimable_many", {"ids": json.dumps(ids), "first": ids[0]}
+                    )
+                }
+        except DagwerkError:
+            # Refused, they take the one-by-one path, which reads them itself.
+            _LOG.exception("reading the claimed launches' tasks again failed")
+            rows = {}
+        return [
+            ClaimedDelivery(
+                d,
+                _claimed(row)
+                if row is not None
+                and self._matches(row, d.attempt_id, TaskStatus.RUNNING, d.generation)
+                else None,
+            )
+            for d, row in ((d, rows.get(d.task_id)) for d, _ in pre.claimed)
+        ]
 
     def _record_worker(self, worker_id: str, leased: list[LeasedDelivery]) -> None:
         """Record ``worker_id`` on the QUEUED tasks of ``leased`` (as a lease

@@ -18,7 +18,8 @@ from dagwerk.models import (
 )
 from dagwerk.store import InvalidStoreValueError
 
-from ._base import FreshSnapshot, SqlStoreBase, loads_object
+from ._ahead import ClaimAheadMixin
+from ._base import FreshSnapshot, loads_object
 from ._plans import remember_plan
 from .gateway import Row, Tx
 
@@ -31,7 +32,7 @@ def _limit(value: object, name: str) -> int:
     return value
 
 
-class LaunchesMixin(SqlStoreBase):
+class LaunchesMixin(ClaimAheadMixin):
     def _launch_view(
         self, tx: Tx, launch: Row, task_ids: tuple[str, ...] | None = None
     ) -> NodeLaunch:
@@ -205,7 +206,9 @@ class LaunchesMixin(SqlStoreBase):
         with self._gw.write() as tx:
             mark = self._write_mark()
             result = self._create_launch(tx, mark, created, asked, error)
-        if created:
+        if created and "expires" in created[0]:
+            self._remember_preclaimed(created)
+        elif created:
             self._remember_queued(mark, created)
         return result
 
@@ -303,25 +306,30 @@ class LaunchesMixin(SqlStoreBase):
         ]
         if rows:
             now = self._now()
-            tx.many("task_insert", rows)
+            queue, priority = self._route(tx, run_id, node_index)
+            if self._preclaim(tx, rows, (queue, priority), now):
+                # Taken by the unit's claim ahead as they are written.
+                tx.many("task_insert_claimed", rows)
+                tx.many("delivery_insert_leased", rows)
+            else:
+                tx.many("task_insert", rows)
+                tx.many(
+                    "delivery_insert",
+                    (
+                        {
+                            **row,
+                            "now": now,
+                            "queue": queue,
+                            "priority": priority,
+                            "delivery_count": 0,
+                        }
+                        for row in rows
+                    ),
+                )
             created.extend(rows)
             for row, plan in zip(rows, plans, strict=True):
                 if type(plan) is TaskInputPlan:
                     remember_plan(str(row["plan"]), plan)
-            queue, priority = self._route(tx, run_id, node_index)
-            tx.many(
-                "delivery_insert",
-                (
-                    {
-                        **row,
-                        "now": now,
-                        "queue": queue,
-                        "priority": priority,
-                        "delivery_count": 0,
-                    }
-                    for row in rows
-                ),
-            )
         self._bump(tx, run_id, node_index)
         # The view of the row just written, without reading it back.
         written = {**launch, "completed": 0}

@@ -64,12 +64,9 @@ class QueueMixin(SqlStoreBase):
         appended to ``claims`` (see :meth:`_lease`). ``record_worker=False``:
         the leases do not record the worker on the tasks; the caller's claim
         of the same rows does."""
-        validate_worker_id(worker_id)
-        if type(limit) is not int or limit < 1:
-            raise InvalidStoreValueError("limit must be an int >= 1", field="limit")
-        lease = validate_seconds(lease_seconds, "lease_seconds", positive=True)
-        names = validate_queue_names(queues)
-        patience = validate_seconds(wait_seconds, "wait_seconds", positive=False)
+        lease, names, patience = validate_claim(
+            worker_id, limit, lease_seconds, queues, wait_seconds
+        )
         if names == []:
             return []
         queue_filter = None if names is None else json.dumps(names)
@@ -352,6 +349,23 @@ class QueueMixin(SqlStoreBase):
             },
         )
         tx.run("delivery_delete", {"delivery_id": row["delivery_id"]})
+
+
+def validate_claim(
+    worker_id: str,
+    limit: int,
+    lease_seconds: float,
+    queues: Sequence[str] | None,
+    wait_seconds: float,
+) -> tuple[float, list[str] | None, float]:
+    """The arguments of a dequeue or claim checked: the lease, the queue
+    names (``None``: any) and the wait, or InvalidStoreValueError."""
+    validate_worker_id(worker_id)
+    if type(limit) is not int or limit < 1:
+        raise InvalidStoreValueError("limit must be an int >= 1", field="limit")
+    lease = validate_seconds(lease_seconds, "lease_seconds", positive=True)
+    names = validate_queue_names(queues)
+    return lease, names, validate_seconds(wait_seconds, "wait_seconds", positive=False)
 
 
 def _leased(row: Row, worker_id: str, expires: float) -> LeasedDelivery:

@@ -217,6 +217,8 @@ class SqliteGateway:
         # Write transactions begun by units, and joined writes that ended in
         # the current one: what write_mark() tells apart.
         self._units_begun = 0
+        # Units entered (outermost blocks): what unit_serial() tells apart.
+        self._units_entered = 0
         self._unit_writes = 0
         self._unit_closer: AbstractContextManager[_Tx] | None = None
         # What the unit's commit is to run (after_commit()).
@@ -416,6 +418,14 @@ class SqliteGateway:
 
     def _transaction(self, begin: str) -> AbstractContextManager[_Tx]:
         if self._unit_owner == threading.get_ident():
+            tx = self._unit_tx
+            if tx is not None and self._doomed is None:
+                # The unit's hot paths, without a generator each: a read in
+                # its transaction, or a write of an all-or-nothing block.
+                if begin != "BEGIN IMMEDIATE":
+                    return _InUnit(tx)
+                if self._unguarded:
+                    return _UnguardedWrite(self, tx)
             return self._joined(begin)
         return self._own_transaction(begin)
 
@@ -427,6 +437,13 @@ class SqliteGateway:
         if self._unit_owner != threading.get_ident() or self._unit_tx is None:
             return None  # not in a unit, or the unit has not written yet
         return self._units_begun, self._unit_writes
+
+    def unit_serial(self) -> int | None:
+        """Inside the calling thread's unit of work (begun or not): a number
+        no other unit of this gateway has had. ``None`` elsewhere."""
+        if self._unit_owner != threading.get_ident():
+            return None
+        return self._units_entered
 
     @contextmanager
     def unit(self, *, all_or_nothing: bool = False) -> Iterator[None]:
@@ -463,6 +480,7 @@ class SqliteGateway:
                 self._unguarded -= 1
             return
         self._unit_owner = threading.get_ident()
+        self._units_entered += 1
         self._unguarded = 1 if all_or_nothing else 0
         try:
             try:
@@ -528,18 +546,8 @@ class SqliteGateway:
                 return
             yield from self._first_write()
             return
-        if begin != "BEGIN IMMEDIATE":
-            yield tx
-            return
-        if self._unguarded:
-            try:
-                yield tx
-            except BaseException as exc:
-                self._doomed = exc  # its statements so far stay: no undo
-                raise
-            finally:
-                self._unit_writes += 1
-            return
+        # (A read in the unit's transaction and an unguarded write take
+        # _InUnit and _UnguardedWrite instead, see _transaction.)
         # Savepoints of one name nest: each statement names the innermost.
         conn = tx._conn
         try:
@@ -668,6 +676,41 @@ class SqliteGateway:
             if self._queue_fd is not None and os.getpid() == self._queue_pid:
                 os.close(self._queue_fd)
             self._queue_fd = None
+
+
+class _InUnit:
+    """A read joined to the unit's open transaction: nothing to begin or end."""
+
+    __slots__ = ("_tx",)
+
+    def __init__(self, tx: _Tx) -> None:
+        self._tx = tx
+
+    def __enter__(self) -> _Tx:
+        return self._tx
+
+    def __exit__(self, *exc_info: object) -> None:
+        return None
+
+
+class _UnguardedWrite:
+    """A write joined to the unit's open transaction inside an all-or-nothing
+    block (no savepoint): it ends a write of the unit, and an error leaving
+    it dooms the unit (its statements so far stay: no undo)."""
+
+    __slots__ = ("_gateway", "_tx")
+
+    def __init__(self, gateway: SqliteGateway, tx: _Tx) -> None:
+        self._gateway = gateway
+        self._tx = tx
+
+    def __enter__(self) -> _Tx:
+        return self._tx
+
+    def __exit__(self, exc_type: object, exc: BaseException | None, tb: object) -> None:
+        if exc is not None:
+            self._gateway._doomed = exc
+        self._gateway._unit_writes += 1
 
 
 def _doomed_error(cause: BaseException) -> StoreContractError:

@@ -1,0 +1,186 @@
+"""Launches that claim their tasks for the claim ahead of their unit (issue 9).
+
+A worker completes a batch and claims its next one in one unit of work
+(SQLite; see ``dagwerk.runtime.batch``). Before the completions it tells the
+store what it will claim (:meth:`ClaimAheadMixin.expect_claim`); a launch of
+that unit then inserts the tasks the claim would take first already claimed:
+each task RUNNING with the worker recorded, its delivery leased to the worker
+(``delivery_count`` 1). The rows end as the claim would have left them, two
+updates (and their index changes) fewer per task. The claim ahead at the
+unit's end hands them over before anything else
+(:meth:`ClaimAheadMixin._take_preclaimed`).
+
+A launch claims its new tasks only where a claim at that moment would: the
+worker's queues hold the launch's queue, the claim has room for them and for
+every other row available now (so the claim's order, priority first, then
+availability, then creation, could not prefer a row left behind), and the
+task's run is RUNNING (the launch checks it). The claim ahead reads the
+queue again only when something may be left for it: a row was available
+beside the launch's, or the unit wrote since the last launch that claimed.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import cast
+
+from dagwerk.constants import TaskStatus
+from dagwerk.store import LeasedDelivery
+
+from ._base import SqlStoreBase, queued_task_row
+from ._queue import validate_claim
+from .gateway import Tx
+
+__all__ = ["ClaimAheadMixin", "ClaimIntent", "Preclaimed"]
+
+
+@dataclass(eq=False)
+class ClaimIntent:
+    """What the claim ahead of one unit of work will ask for, and what the
+    unit's launches have claimed for it so far."""
+
+    worker_id: str
+    lease_seconds: float
+    queues: frozenset[str] | None
+    queue_filter: str | None
+    room: int
+    """Tasks the claim may still take."""
+    serial: object
+    """The unit's serial (``unit_serial``): the intent is its unit's only."""
+    claimed: list[tuple[LeasedDelivery, dict[str, object]]] = field(default_factory=list)
+    """Each claimed task's lease and its row as the claim reads it."""
+    mark: object = None
+    """The write mark after the last launch that claimed."""
+    settled: bool = False
+    """The last launch that claimed saw no other row available."""
+
+
+class ClaimAheadMixin(SqlStoreBase):
+    def expect_claim(
+        self,
+        worker_id: str,
+        *,
+        limit: int,
+        lease_seconds: float,
+        queues: Sequence[str] | None = None,
+    ) -> bool:
+        """Inside the calling thread's unit of work, on a store with one
+        writer (SQLite): the unit will end with ``claim_deliveries`` with
+        these arguments, so its launches may claim their tasks for it. True
+        when noted; False elsewhere (nothing changes)."""
+        serial_of = getattr(self._gw, "unit_serial", None)
+        serial = None if serial_of is None else serial_of()
+        if serial is None or not getattr(self._gw, "serialises_writers", False):
+            return False
+        lease, names, _ = validate_claim(worker_id, limit, lease_seconds, queues, 0.0)
+        if names == []:
+            return False
+        self._claim_intents[threading.get_ident()] = ClaimIntent(
+            worker_id=worker_id,
+            lease_seconds=lease,
+            queues=None if names is None else frozenset(names),
+            queue_filter=None if names is None else json.dumps(names),
+            room=limit,
+            serial=serial,
+        )
+        return True
+
+    def _intent_now(self) -> ClaimIntent | None:
+        """The claim intent of the calling thread's current unit, if any."""
+        if not self._claim_intents:
+            return None
+        intent = self._claim_intents.get(threading.get_ident())
+        if intent is None:
+            return None
+        serial_of = getattr(self._gw, "unit_serial", None)
+        if serial_of is None or serial_of() != intent.serial:
+            return None
+        return intent
+
+    def _preclaim(
+        self, tx: Tx, rows: list[dict[str, object]], route: tuple[str, int], now: float
+    ) -> bool:
+        """Whether the unit's claim ahead takes a launch's new task ``rows``
+        (all routed to ``route``, queue and priority) now. If so each row
+        gets what ``task_insert_claimed`` and ``delivery_insert_leased``
+        take besides (``status``, ``worker_id``, ``expires``) and its route;
+        the caller inserts them with those and hands them to
+        :meth:`_remember_preclaimed` once the launch's write has ended."""
+        intent = self._intent_now()
+        if intent is None or not rows or len(rows) > intent.room:
+            return False
+        queue, priority = route
+        if intent.queues is not None and queue not in intent.queues:
+            return False
+        # Every row available now, up to the room left, is the claim's too:
+        # with room for all of them and the new rows, none is passed over.
+        others = tx.all(
+            "queue_candidates",
+            {"now": now, "queues": intent.queue_filter, "limit": intent.room},
+        )
+        if len(others) + len(rows) > intent.room:
+            return False
+        expires = now + intent.lease_seconds
+        for row in rows:
+            row.update(
+                status=TaskStatus.RUNNING.value,
+                worker_id=intent.worker_id,
+                expires=expires,
+                queue=queue,
+                priority=priority,
+            )
+        intent.settled = not others
+        return True
+
+    def _remember_preclaimed(self, rows: list[dict[str, object]]) -> None:
+        """After the write of a launch that claimed ``rows`` (see
+        :meth:`_preclaim`) ended: keep them for the unit's claim ahead."""
+        intent = self._intent_now()
+        if intent is None:
+            return
+        for row in rows:
+            leased = LeasedDelivery(
+                delivery_id=cast(str, row["delivery_id"]),
+                task_id=cast(str, row["task_id"]),
+                attempt_id=cast(str, row["attempt_id"]),
+                generation=cast(int, row["generation"]),
+                run_id=cast(str, row["run_id"]),
+                node_index=cast(int, row["node_index"]),
+                launch_id=cast(str, row["launch_id"]),
+                queue=cast(str, row["queue"]),
+                priority=cast(int, row["priority"]),
+                delivery_count=1,
+                worker_id=intent.worker_id,
+                lease_expires_at=cast(float, row["expires"]),
+            )
+            intent.claimed.append((leased, queued_task_row(row)))
+        intent.room -= len(rows)
+        intent.mark = self._write_mark()
+
+    def _take_preclaimed(self, worker_id: str, limit: int) -> Preclaimed:
+        """What the unit's launches claimed for ``worker_id``'s claim ahead
+        of at most ``limit`` rows. The intent ends here."""
+        intent = self._intent_now()
+        self._claim_intents.pop(threading.get_ident(), None)
+        if intent is None or intent.worker_id != worker_id or not intent.claimed:
+            return Preclaimed([], limit, current=True)
+        current = intent.mark is not None and intent.mark == self._write_mark()
+        rest = max(0, min(limit, intent.room + len(intent.claimed)) - len(intent.claimed))
+        if current and intent.settled:
+            rest = 0  # nothing was available beside them, nothing written since
+        return Preclaimed(intent.claimed, rest, current=current)
+
+
+@dataclass(frozen=True)
+class Preclaimed:
+    """The tasks a unit's launches claimed for its claim ahead."""
+
+    claimed: list[tuple[LeasedDelivery, dict[str, object]]]
+    """Each task's lease and its row as a claim reads it, in claim order."""
+    rest: int
+    """How many more rows the claim may take by reading the queue."""
+    current: bool
+    """Nothing was written since the last of them: no need to read them again."""
