@@ -444,17 +444,24 @@ def _cycle_error(nodes: Sequence[FrozenNode], cycle: list[int]) -> GraphValidati
 
 
 def validate_pipeline(
-    nodes: Sequence[DagNode], *, limits: Limits = DEFAULT_LIMITS
+    nodes: Sequence[DagNode], *, limits: Limits = DEFAULT_LIMITS, parsed: bool = False
 ) -> ValidatedPipeline:
     """Validate a pipeline and return frozen copies of its nodes and its graph.
 
     Raises :class:`GraphValidationError` for the first problem in the order
     of GV-14. The caller's list and nodes are not changed; later changes to
-    them do not reach the returned copies.
+    them do not reach the returned copies. ``parsed``: every node was just
+    built by ``DagNode.model_validate`` from plain data and nothing else has
+    held it since (a store parsing a stored definition), so it needs no
+    re-validated copy (GV-15 guards values set around validation).
     """
     if not nodes:
         raise GraphValidationError("pipeline has no nodes", field="nodes", rule="empty_pipeline")
-    copies = [normalise_node(node, index) for index, node in enumerate(nodes)]
+    copies = (
+        list(nodes)
+        if parsed and all(type(node) is DagNode for node in nodes)
+        else [normalise_node(node, index) for index, node in enumerate(nodes)]
+    )
     for copy in copies:
         _check_node_sizes(copy, limits)
     slug_to_index = build_slug_to_index_map(copies)

@@ -52,13 +52,16 @@ class RunTopology:
         object.__setattr__(self, "children", tuple(tuple(kids) for kids in self.children))
 
     @classmethod
-    def build(cls, nodes: Sequence[DagNode], *, limits: Limits = DEFAULT_LIMITS) -> RunTopology:
+    def build(
+        cls, nodes: Sequence[DagNode], *, limits: Limits = DEFAULT_LIMITS, parsed: bool = False
+    ) -> RunTopology:
         """Validate ``nodes`` (GV-01..GV-15) and freeze copies of them.
 
         Raises :class:`~dagwerk.errors.GraphValidationError` (a ``ValueError``),
-        including for values that bypassed ``DagNode`` validation.
+        including for values that bypassed ``DagNode`` validation. ``parsed``:
+        see :func:`~dagwerk.graph.validate_pipeline`.
         """
-        pipeline = validate_pipeline(nodes, limits=limits)
+        pipeline = validate_pipeline(nodes, limits=limits, parsed=parsed)
         return cls(
             nodes=pipeline.nodes,
             slug_to_index=pipeline.slug_to_index,

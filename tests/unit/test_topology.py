@@ -161,3 +161,39 @@ def test_frozen_nodes_round_trip_to_dag_nodes() -> None:
     assert again == topology
     assert copies[0].input_mode is InputMode.ALL
     hash(topology.nodes[1])  # frozen nodes can key caches
+
+
+def test_a_parsed_pipeline_builds_the_same_topology_without_a_second_validation(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # A store that just parsed a stored definition passes parsed=True: the
+    # nodes are not validated again, and the topology is the same.
+    stored = [node.model_dump(mode="json") for node in diamond()]
+    parsed = [DagNode.model_validate(item) for item in stored]
+    expected = RunTopology.build([DagNode.model_validate(item) for item in stored])
+    calls: list[object] = []
+    validate = DagNode.model_validate
+
+    def counted(value: object, *args: object, **kwargs: object) -> DagNode:
+        calls.append(value)
+        return validate(value, *args, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(DagNode, "model_validate", counted)
+    assert RunTopology.build(parsed, parsed=True) == expected
+    assert calls == []
+    assert RunTopology.build(parsed) == expected
+    assert len(calls) == len(parsed)  # the default re-validates each node
+
+
+def test_parsed_still_checks_the_graph() -> None:
+    cyclic = [
+        DagNode(
+            slug=slug,
+            plugin="p",
+            input_mode=InputMode.ALL,
+            edges=(InputEdge(name="in", source=source),),
+        )
+        for slug, source in (("a", "b"), ("b", "a"))
+    ]
+    with pytest.raises(GraphValidationError, match="cycle"):
+        RunTopology.build(cyclic, parsed=True)

@@ -16,6 +16,7 @@ import os
 import threading
 import time
 from collections.abc import Callable
+from contextlib import suppress
 from typing import TYPE_CHECKING, Any, NamedTuple
 
 from dagwerk._fifo import FifoCache
@@ -240,6 +241,16 @@ class SqlStoreBase:
         nodes = self._nodes_cache.get(run_id)
         if nodes is None:
             nodes = tuple(DagNode.model_validate(item) for item in json.loads(run["nodes"]))
+            if run_id not in self._topologies:
+                # The graph comes with the first parse (its nodes need no
+                # second validation yet, see validate_pipeline): a worker
+                # reads a run's definition at its first claim, so the run's
+                # first reconcile does not pay for it. A definition that
+                # fails is left to _topology, which raises in its turn.
+                with suppress(ValueError):
+                    self._topologies[run_id] = RunTopology.build(
+                        nodes, limits=self.limits, parsed=True
+                    )
             self._nodes_cache[run_id] = nodes
         return nodes
 
