@@ -199,6 +199,26 @@ def test_a_launch_too_large_for_the_room_left_is_not_claimed(tmp_path: Path) -> 
         assert store.get_task(_CHILD).status is TaskStatus.QUEUED  # type: ignore[union-attr]
 
 
+def test_once_waiting_rows_fill_the_room_later_launches_do_not_look(
+    tmp_path: Path, statements: Counter[str]
+) -> None:
+    # Many runs' roots waiting (as with many small runs): the first launch
+    # sees them fill the claim's room; the unit's later launches need no look.
+    with _store(tmp_path, "crowded.db") as store:
+        first = _root_completed(store)
+        second = _root_completed(store, "run-2")
+        new_run(store, chain(1), "run-3")
+        statements.clear()
+        with store.unit_of_work():
+            assert store.expect_claim("w1", limit=1, lease_seconds=30.0)
+            reconcile_after_completion(store, "run-1", [0], callbacks=first.callbacks)
+            reconcile_after_completion(store, "run-2", [0], callbacks=second.callbacks)
+            claims = store.claim_deliveries("w1", limit=1, lease_seconds=30.0)
+        assert [c.delivery.run_id for c in claims] == ["run-3"]
+        assert statements["queue_candidates"] == 2  # the first launch's look, the claim's
+        assert statements["task_insert_claimed"] == 0
+
+
 def test_a_write_after_the_launch_that_ends_the_run_refuses_the_claim(
     tmp_path: Path, statements: Counter[str]
 ) -> None:

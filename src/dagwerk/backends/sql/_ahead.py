@@ -56,6 +56,9 @@ class ClaimIntent:
     """The write mark after the last launch that claimed."""
     settled: bool = False
     """The last launch that claimed saw no other row available."""
+    crowded: bool = False
+    """Rows available beside the launches fill the room: no later launch of
+    the unit claims (nor looks at the queue again to find that out)."""
 
 
 class ClaimAheadMixin(SqlStoreBase):
@@ -110,7 +113,7 @@ class ClaimAheadMixin(SqlStoreBase):
         the caller inserts them with those and hands them to
         :meth:`_remember_preclaimed` once the launch's write has ended."""
         intent = self._intent_now()
-        if intent is None or not rows or len(rows) > intent.room:
+        if intent is None or intent.crowded or not rows or len(rows) > intent.room:
             return False
         queue, priority = route
         if intent.queues is not None and queue not in intent.queues:
@@ -122,6 +125,10 @@ class ClaimAheadMixin(SqlStoreBase):
             {"now": now, "queues": intent.queue_filter, "limit": intent.room},
         )
         if len(others) + len(rows) > intent.room:
+            # Once available rows fill the room, no later launch of the unit
+            # can claim: they need not look (not claiming is always safe, the
+            # claim ahead reads the queue itself).
+            intent.crowded = len(others) >= intent.room
             return False
         expires = now + intent.lease_seconds
         for row in rows:
