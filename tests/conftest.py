@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import uuid
+from collections import Counter
 from collections.abc import Iterator
 
 import pytest
@@ -37,3 +38,41 @@ def pg_schema(postgres_url: str) -> Iterator[str]:
     yield name
     with psycopg.connect(postgres_url, autocommit=True) as conn:
         conn.execute(f'DROP SCHEMA IF EXISTS "{name}" CASCADE')
+
+
+@pytest.fixture
+def statements(monkeypatch: pytest.MonkeyPatch) -> Iterator[Counter[str]]:
+    """Counts of the named SQLite statements run while the test runs
+    (``execute`` and ``many`` of the gateway's transactions)."""
+    from dagwerk.backends.sqlite import gateway
+
+    counts: Counter[str] = Counter()
+    execute, many = gateway._Tx._execute, gateway._Tx.many
+
+    def counted_execute(self: gateway._Tx, name: str, params: object) -> object:
+        counts[name] += 1
+        return execute(self, name, params)  # type: ignore[arg-type]
+
+    def counted_many(self: gateway._Tx, name: str, rows: object) -> None:
+        counts[name] += 1
+        many(self, name, rows)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(gateway._Tx, "_execute", counted_execute)
+    monkeypatch.setattr(gateway._Tx, "many", counted_many)
+    yield counts
+
+
+@pytest.fixture
+def node_validations(monkeypatch: pytest.MonkeyPatch) -> list[object]:
+    """What ``DagNode.model_validate`` is called with while the test runs."""
+    from dagwerk.models import DagNode
+
+    calls: list[object] = []
+    validate = DagNode.model_validate
+
+    def counted(value: object, *args: object, **kwargs: object) -> DagNode:
+        calls.append(value)
+        return validate(value, *args, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(DagNode, "model_validate", counted)
+    return calls

@@ -12,7 +12,7 @@ undid, and no announcement outliving its unit.
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Iterator
+from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
 from typing import NamedTuple
@@ -21,7 +21,6 @@ import pytest
 
 from dagwerk.backends.memory.store import MemoryStore
 from dagwerk.backends.sqlite import SqliteStore
-from dagwerk.backends.sqlite import gateway as sqlite_gateway
 from dagwerk.constants import TaskStatus
 from dagwerk.frontier import reconcile_after_completion
 from dagwerk.models import EmittedOutput
@@ -37,25 +36,6 @@ from dagwerk.testing.helpers import CallbackLog, chain, new_run
 
 _NOW = 1_000.0
 _CHILD = "run-1:1:0:0"
-
-
-@pytest.fixture
-def statements(monkeypatch: pytest.MonkeyPatch) -> Iterator[Counter[str]]:
-    counts: Counter[str] = Counter()
-    execute = sqlite_gateway._Tx._execute
-    many = sqlite_gateway._Tx.many
-
-    def counted_execute(self: sqlite_gateway._Tx, name: str, params: object) -> object:
-        counts[name] += 1
-        return execute(self, name, params)  # type: ignore[arg-type]
-
-    def counted_many(self: sqlite_gateway._Tx, name: str, rows: object) -> None:
-        counts[name] += 1
-        many(self, name, rows)  # type: ignore[arg-type]
-
-    monkeypatch.setattr(sqlite_gateway._Tx, "_execute", counted_execute)
-    monkeypatch.setattr(sqlite_gateway._Tx, "many", counted_many)
-    yield counts
 
 
 def _store(tmp_path: Path, name: str) -> SqliteStore:
@@ -82,13 +62,16 @@ def _unit(
     expect: bool = True,
     limit: int = 4,
     queues: list[str] | None = None,
+    runs: tuple[str, ...] = ("run-1",),
 ) -> list[ClaimedDelivery]:
-    """One unit: announce the claim (with ``expect``), reconcile run-1 (which
-    launches node 1), claim ahead."""
+    """One unit: announce the claim (with ``expect``), reconcile each of
+    ``runs`` after its root (launching its node 1), claim ahead. ``log``
+    collects the callbacks."""
     with store.unit_of_work():
         if expect:
             assert store.expect_claim("w1", limit=limit, lease_seconds=30.0, queues=queues)
-        reconcile_after_completion(store, "run-1", [0], callbacks=log.callbacks)
+        for run_id in runs:
+            reconcile_after_completion(store, run_id, [0], callbacks=log.callbacks)
         return store.claim_deliveries("w1", limit=limit, lease_seconds=30.0, queues=queues)
 
 
@@ -189,12 +172,8 @@ def test_a_launch_too_large_for_the_room_left_is_not_claimed(tmp_path: Path) -> 
     # so the room is used up by a first launch of another run instead.
     with _store(tmp_path, "full.db") as store:
         log = _root_completed(store)
-        other = _root_completed(store, "run-2")
-        with store.unit_of_work():
-            assert store.expect_claim("w1", limit=1, lease_seconds=30.0)
-            reconcile_after_completion(store, "run-2", [0], callbacks=other.callbacks)
-            reconcile_after_completion(store, "run-1", [0], callbacks=log.callbacks)
-            claims = store.claim_deliveries("w1", limit=1, lease_seconds=30.0)
+        _root_completed(store, "run-2")
+        claims = _unit(store, log, limit=1, runs=("run-2", "run-1"))
         assert [c.delivery.run_id for c in claims] == ["run-2"]
         assert store.get_task(_CHILD).status is TaskStatus.QUEUED  # type: ignore[union-attr]
 
@@ -205,18 +184,26 @@ def test_once_waiting_rows_fill_the_room_later_launches_do_not_look(
     # Many runs' roots waiting (as with many small runs): the first launch
     # sees them fill the claim's room; the unit's later launches need no look.
     with _store(tmp_path, "crowded.db") as store:
-        first = _root_completed(store)
-        second = _root_completed(store, "run-2")
+        log = _root_completed(store)
+        _root_completed(store, "run-2")
         new_run(store, chain(1), "run-3")
         statements.clear()
-        with store.unit_of_work():
-            assert store.expect_claim("w1", limit=1, lease_seconds=30.0)
-            reconcile_after_completion(store, "run-1", [0], callbacks=first.callbacks)
-            reconcile_after_completion(store, "run-2", [0], callbacks=second.callbacks)
-            claims = store.claim_deliveries("w1", limit=1, lease_seconds=30.0)
+        claims = _unit(store, log, limit=1, runs=("run-1", "run-2"))
         assert [c.delivery.run_id for c in claims] == ["run-3"]
         assert statements["queue_candidates"] == 2  # the first launch's look, the claim's
         assert statements["task_insert_claimed"] == 0
+
+
+def _claims_after_a_write(
+    store: SqliteStore, log: CallbackLog, statements: Counter[str], write: Callable[[], object]
+) -> list[ClaimedDelivery]:
+    """One unit: announce, launch node 1 of run-1 claimed, ``write``, claim."""
+    with store.unit_of_work():
+        assert store.expect_claim("w1", limit=4, lease_seconds=30.0)
+        reconcile_after_completion(store, "run-1", [0], callbacks=log.callbacks)
+        assert write()
+        statements.clear()
+        return store.claim_deliveries("w1", limit=4, lease_seconds=30.0)
 
 
 def test_a_write_after_the_launch_that_ends_the_run_refuses_the_claim(
@@ -224,12 +211,7 @@ def test_a_write_after_the_launch_that_ends_the_run_refuses_the_claim(
 ) -> None:
     with _store(tmp_path, "cancel.db") as store:
         log = _root_completed(store)
-        with store.unit_of_work():
-            assert store.expect_claim("w1", limit=4, lease_seconds=30.0)
-            reconcile_after_completion(store, "run-1", [0], callbacks=log.callbacks)
-            assert cancel_run(store, "run-1")
-            statements.clear()
-            claims = store.claim_deliveries("w1", limit=4, lease_seconds=30.0)
+        claims = _claims_after_a_write(store, log, statements, lambda: cancel_run(store, "run-1"))
         # Read again (the unit wrote since), and refused: the task is no
         # longer RUNNING in a RUNNING run.
         assert [(c.delivery.task_id, c.task) for c in claims] == [(_CHILD, None)]
@@ -241,12 +223,9 @@ def test_a_write_after_the_launch_that_leaves_the_task_keeps_the_claim(
 ) -> None:
     with _store(tmp_path, "other-write.db") as store:
         log = _root_completed(store)
-        with store.unit_of_work():
-            assert store.expect_claim("w1", limit=4, lease_seconds=30.0)
-            reconcile_after_completion(store, "run-1", [0], callbacks=log.callbacks)
-            assert store.create_run("run-9", chain(1))
-            statements.clear()
-            claims = store.claim_deliveries("w1", limit=4, lease_seconds=30.0)
+        claims = _claims_after_a_write(
+            store, log, statements, lambda: store.create_run("run-9", chain(1))
+        )
         (claim,) = claims
         assert claim.task == store.get_task(_CHILD)
         assert statements["tasks_claimable_many"] == 1  # read again once

@@ -418,6 +418,35 @@ def test_a_stopping_worker_gives_back_what_it_claimed_ahead(db: Path) -> None:
     assert engine.store.get_run_status(run_id) is RunStatus.COMPLETED
 
 
+def test_a_stop_after_the_claim_was_announced_still_hands_over_and_releases(
+    db: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The stop lands inside the completion unit, after the worker announced
+    # its claim: the launch inserts n1 claimed all the same, so the claim
+    # ahead must still take it (and the stop give it back), or it would
+    # wait out its lease.
+    engine, run_id = _chain_engine(db)
+    worker = engine.worker(concurrency=4)
+    store = engine.store
+    real = store.expect_claim
+
+    def expect_then_stop(*args: Any, **kwargs: Any) -> bool:
+        announced = real(*args, **kwargs)
+        worker._stopped = True  # as stop() sets it, from another thread
+        return announced
+
+    monkeypatch.setattr(store, "expect_claim", expect_then_stop)
+    worker.process_once()
+    (child,) = [t for t in store.list_tasks(run_id) if t.node_index == 1]
+    assert child.status is TaskStatus.RUNNING  # claimed by its launch
+    assert [c.delivery.task_id for c in worker._claimed_ahead] == [child.task_id]
+    worker.stop()
+    assert [r.action for r in worker.reports][-1] == "released"
+    other = engine.worker(concurrency=4)
+    other.run_until_idle()
+    assert store.get_run_status(run_id) is RunStatus.COMPLETED
+
+
 def test_a_failed_claim_ahead_keeps_the_completions(
     db: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import json
 from collections import Counter
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -34,25 +33,6 @@ from dagwerk.testing.helpers import CallbackLog, chain, child, new_run, only_tas
 
 # Blocks that read every node or launch of a run, or the run's definitions.
 _WHOLE_RUN_READS = {"nodes_of_run", "launches_active", "launch_task_ids_of_run", "run_get"}
-
-
-@pytest.fixture
-def statements(monkeypatch: pytest.MonkeyPatch) -> Iterator[Counter[str]]:
-    counts: Counter[str] = Counter()
-    execute = sqlite_gateway._Tx._execute
-    many = sqlite_gateway._Tx.many
-
-    def counted_execute(self: object, name: str, params: object) -> object:
-        counts[name] += 1
-        return execute(self, name, params)  # type: ignore[arg-type]
-
-    def counted_many(self: object, name: str, rows: object) -> None:
-        counts[name] += 1
-        many(self, name, rows)  # type: ignore[arg-type]
-
-    monkeypatch.setattr(sqlite_gateway._Tx, "_execute", counted_execute)
-    monkeypatch.setattr(sqlite_gateway._Tx, "many", counted_many)
-    yield counts
 
 
 def _hop(

@@ -13,7 +13,6 @@ from pathlib import Path
 import pytest
 
 from dagwerk.backends.sqlite import SqliteStore
-from dagwerk.backends.sqlite import gateway as sqlite_gateway
 from dagwerk.constants import RunStatus
 from dagwerk.models import EmittedOutput
 from dagwerk.orchestrator import reconcile_run
@@ -50,21 +49,9 @@ def _launch_of_three(store: SqliteStore) -> tuple[CallbackLog, list[ClaimedDeliv
 
 @pytest.mark.parametrize("batched", [True, False])
 def test_each_completion_learns_whether_it_completed_the_launch(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, batched: bool
+    tmp_path: Path, statements: Counter[str], batched: bool
 ) -> None:
-    names: Counter[str] = Counter()
-    execute, many = sqlite_gateway._Tx._execute, sqlite_gateway._Tx.many
-
-    def counted_execute(self: sqlite_gateway._Tx, name: str, params: object) -> object:
-        names[name] += 1
-        return execute(self, name, params)  # type: ignore[arg-type]
-
-    def counted_many(self: sqlite_gateway._Tx, name: str, rows: object) -> None:
-        names[name] += 1
-        many(self, name, rows)  # type: ignore[arg-type]
-
-    monkeypatch.setattr(sqlite_gateway._Tx, "_execute", counted_execute)
-    monkeypatch.setattr(sqlite_gateway._Tx, "many", counted_many)
+    names = statements
     with SqliteStore(str(tmp_path / "db.sqlite")) as store:
         log, claimed = _launch_of_three(store)
         names.clear()

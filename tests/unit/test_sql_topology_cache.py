@@ -9,51 +9,32 @@ from pathlib import Path
 import pytest
 
 from dagwerk.backends.sqlite import SqliteStore
-from dagwerk.constants import InputMode
 from dagwerk.errors import GraphValidationError
-from dagwerk.models import DagNode, InputEdge
-from dagwerk.testing.helpers import chain
+from dagwerk.testing.helpers import chain, child
 
 
 def test_the_first_parse_builds_the_topology_validating_each_node_once(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    tmp_path: Path, node_validations: list[object]
 ) -> None:
     url = f"sqlite:///{tmp_path / 'db.sqlite'}"
     with SqliteStore(url) as submitter:
         assert submitter.create_run("run-1", chain(50))
-    calls: list[object] = []
-    validate = DagNode.model_validate
-
-    def counted(value: object, *args: object, **kwargs: object) -> DagNode:
-        calls.append(value)
-        return validate(value, *args, **kwargs)  # type: ignore[arg-type]
-
-    monkeypatch.setattr(DagNode, "model_validate", counted)
+    node_validations.clear()
     with SqliteStore(url) as worker:  # a process with nothing cached
         node = worker.get_run_node("run-1", 3)
         assert node is not None and node.slug == "n3"
         assert "run-1" in worker._topologies
         topology = worker.get_run_topology("run-1")
         assert topology is not None and topology.children[3] == (4,)
-    assert len(calls) == 50  # the parse only
-    monkeypatch.setattr(DagNode, "model_validate", validate)
+    assert len(node_validations) == 50  # the parse only
     with SqliteStore(url) as again:
         assert again.get_run_topology("run-1") == topology
 
 
 def test_a_definition_that_fails_the_graph_checks_still_parses(tmp_path: Path) -> None:
-    cyclic = [
-        DagNode(
-            slug=slug,
-            plugin="p",
-            input_mode=InputMode.ALL,
-            edges=(InputEdge(name="in", source=src),),
-        )
-        for slug, src in (("a", "b"), ("b", "a"))
-    ]
     url = f"sqlite:///{tmp_path / 'db.sqlite'}"
     with SqliteStore(url) as submitter:
-        assert submitter.create_run("bad", cyclic)
+        assert submitter.create_run("bad", [child("a", "b"), child("b", "a")])  # a cycle
     with SqliteStore(url) as worker:
         nodes = worker.get_run_nodes("bad")
         assert nodes is not None and [n.slug for n in nodes] == ["a", "b"]

@@ -114,7 +114,14 @@ def test_gv_17_an_invalid_mode_that_bypassed_validation_is_rejected() -> None:
 def test_gv_17_build_applies_every_graph_rule() -> None:
     with pytest.raises(GraphValidationError, match="pipeline has no nodes"):
         RunTopology.build([])
-    ring = [
+    with pytest.raises(GraphValidationError, match="cycle detected") as info:
+        RunTopology.build(ring())
+    assert info.value.cycle == ("a", "b")
+
+
+def ring() -> list[DagNode]:
+    """Two nodes, each the other's source: a cycle."""
+    return [
         DagNode(
             slug=name,
             plugin="p",
@@ -123,9 +130,6 @@ def test_gv_17_build_applies_every_graph_rule() -> None:
         )
         for name, other in (("a", "b"), ("b", "a"))
     ]
-    with pytest.raises(GraphValidationError, match="cycle detected") as info:
-        RunTopology.build(ring)
-    assert info.value.cycle == ("a", "b")
 
 
 def test_gv_15_topology_normalises_raw_bindings_without_touching_the_caller() -> None:
@@ -164,36 +168,20 @@ def test_frozen_nodes_round_trip_to_dag_nodes() -> None:
 
 
 def test_a_parsed_pipeline_builds_the_same_topology_without_a_second_validation(
-    monkeypatch: pytest.MonkeyPatch,
+    node_validations: list[object],
 ) -> None:
     # A store that just parsed a stored definition passes parsed=True: the
     # nodes are not validated again, and the topology is the same.
     stored = [node.model_dump(mode="json") for node in diamond()]
     parsed = [DagNode.model_validate(item) for item in stored]
     expected = RunTopology.build([DagNode.model_validate(item) for item in stored])
-    calls: list[object] = []
-    validate = DagNode.model_validate
-
-    def counted(value: object, *args: object, **kwargs: object) -> DagNode:
-        calls.append(value)
-        return validate(value, *args, **kwargs)  # type: ignore[arg-type]
-
-    monkeypatch.setattr(DagNode, "model_validate", counted)
+    node_validations.clear()
     assert RunTopology.build(parsed, parsed=True) == expected
-    assert calls == []
+    assert node_validations == []
     assert RunTopology.build(parsed) == expected
-    assert len(calls) == len(parsed)  # the default re-validates each node
+    assert len(node_validations) == len(parsed)  # the default re-validates each node
 
 
 def test_parsed_still_checks_the_graph() -> None:
-    cyclic = [
-        DagNode(
-            slug=slug,
-            plugin="p",
-            input_mode=InputMode.ALL,
-            edges=(InputEdge(name="in", source=source),),
-        )
-        for slug, source in (("a", "b"), ("b", "a"))
-    ]
     with pytest.raises(GraphValidationError, match="cycle"):
-        RunTopology.build(cyclic, parsed=True)
+        RunTopology.build(ring(), parsed=True)
