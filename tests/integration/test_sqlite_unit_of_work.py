@@ -27,6 +27,7 @@ from dagwerk.constants import RunStatus, TaskStatus
 from dagwerk.engine import Engine
 from dagwerk.models import DagNode
 from dagwerk.orchestrator import OrchestratorCallbacks
+from dagwerk.runtime.worker import Worker
 from dagwerk.store import (
     ClaimedDelivery,
     CompletionRequest,
@@ -403,12 +404,7 @@ def test_the_completion_commit_claims_the_next_batch(db: Path) -> None:
     assert engine.store.get_run_status(run_id) is RunStatus.COMPLETED
 
 
-def test_a_stopping_worker_gives_back_what_it_claimed_ahead(db: Path) -> None:
-    engine, run_id = _chain_engine(db)
-    worker = engine.worker(concurrency=4)
-    worker.process_once()
-    (child,) = [t for t in engine.store.list_tasks(run_id) if t.node_index == 1]
-    assert child.status is TaskStatus.RUNNING
+def _stop_releases_and_another_worker_finishes(engine: Engine, worker: Worker, run_id: str) -> None:
     worker.stop()
     assert [r.action for r in worker.reports][-1] == "released"
     # Released at once, not left to its 30 s lease: another worker recovers
@@ -416,6 +412,22 @@ def test_a_stopping_worker_gives_back_what_it_claimed_ahead(db: Path) -> None:
     other = engine.worker(concurrency=4)
     other.run_until_idle()
     assert engine.store.get_run_status(run_id) is RunStatus.COMPLETED
+
+
+def _fail_in_a_joined_write(store: SqliteStore, run_id: str, message: str) -> None:
+    """A write joined to the caller's unit that writes, then raises."""
+    with store._sqlite.write() as tx:
+        tx.run("run_status", {"run_id": run_id})
+        raise StoreUnavailableError(message)
+
+
+def test_a_stopping_worker_gives_back_what_it_claimed_ahead(db: Path) -> None:
+    engine, run_id = _chain_engine(db)
+    worker = engine.worker(concurrency=4)
+    worker.process_once()
+    (child,) = [t for t in engine.store.list_tasks(run_id) if t.node_index == 1]
+    assert child.status is TaskStatus.RUNNING
+    _stop_releases_and_another_worker_finishes(engine, worker, run_id)
 
 
 def test_a_stop_after_the_claim_was_announced_still_hands_over_and_releases(
@@ -431,7 +443,7 @@ def test_a_stop_after_the_claim_was_announced_still_hands_over_and_releases(
     real = store.expect_claim
 
     def expect_then_stop(*args: Any, **kwargs: Any) -> bool:
-        announced = real(*args, **kwargs)
+        announced: bool = real(*args, **kwargs)
         worker._stopped = True  # as stop() sets it, from another thread
         return announced
 
@@ -440,11 +452,7 @@ def test_a_stop_after_the_claim_was_announced_still_hands_over_and_releases(
     (child,) = [t for t in store.list_tasks(run_id) if t.node_index == 1]
     assert child.status is TaskStatus.RUNNING  # claimed by its launch
     assert [c.delivery.task_id for c in worker._claimed_ahead] == [child.task_id]
-    worker.stop()
-    assert [r.action for r in worker.reports][-1] == "released"
-    other = engine.worker(concurrency=4)
-    other.run_until_idle()
-    assert store.get_run_status(run_id) is RunStatus.COMPLETED
+    _stop_releases_and_another_worker_finishes(engine, worker, run_id)
 
 
 def test_a_failed_claim_ahead_keeps_the_completions(
@@ -461,9 +469,7 @@ def test_a_failed_claim_ahead_keeps_the_completions(
     def claim(*args: Any, **kwargs: Any) -> Any:
         calls.append(kwargs["wait_seconds"])
         if len(calls) == 2:  # the claim ahead, inside the root's completion unit
-            with store._sqlite.write() as tx:
-                tx.run("run_status", {"run_id": run_id})  # a joined write that then fails
-                raise StoreUnavailableError("claim failed")
+            _fail_in_a_joined_write(store, run_id, "claim failed")
         return real(*args, **kwargs)
 
     monkeypatch.setattr(store, "claim_deliveries", claim)
@@ -503,9 +509,7 @@ def test_a_failed_queue_read_still_hands_over_what_the_launches_claimed(
     def dequeue(*args: Any, **kwargs: Any) -> Any:
         if store._sqlite.write_mark() is not None:  # inside the completion unit
             failed.append(kwargs["limit"])
-            with store._sqlite.write() as tx:
-                tx.run("run_status", {"run_id": run_id})  # a joined write that then fails
-                raise StoreUnavailableError("queue read failed")
+            _fail_in_a_joined_write(store, run_id, "queue read failed")
         return real(*args, **kwargs)
 
     monkeypatch.setattr(store, "_dequeue", dequeue)
