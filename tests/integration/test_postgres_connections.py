@@ -149,3 +149,36 @@ def test_notifications_of_another_schema_do_not_wake(postgres_url: str, schema: 
     finally:
         with psycopg.connect(postgres_url, autocommit=True) as conn:
             conn.execute(f'DROP SCHEMA IF EXISTS "{other_schema}" CASCADE')
+
+
+def test_an_idle_wait_blocks_in_the_kernel_not_in_a_polling_loop(
+    postgres_url: str, schema: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A timed wait that receives nothing reads the listening connection a
+    bounded number of times. psycopg's own timed wait polls in whole
+    milliseconds and, once less than one is left, polls again at once until
+    the deadline: hundreds of reads (~1 ms of CPU) per idle wait."""
+    from psycopg import connection
+
+    reads = 0
+    original = connection.notifies
+
+    def counted(pgconn: object) -> object:
+        nonlocal reads
+        generator = original(pgconn)  # type: ignore[arg-type]
+        ready = None
+        try:
+            while True:
+                reads += 1
+                ready = yield generator.send(ready)
+        except StopIteration as stop:
+            return stop.value
+
+    waiting, _ = _open(postgres_url, schema)
+    with waiting:
+        assert waiting.wait_for_work(0.0)
+        monkeypatch.setattr(connection, "notifies", counted)
+        assert waiting.wait_for_work(0.2) is False
+        assert 0 < reads <= 10
+        new_run(waiting, [root("a")])
+        assert waiting.wait_for_work(10.0) is True

@@ -20,6 +20,7 @@ of a write cannot be run twice.
 from __future__ import annotations
 
 import os
+import select
 import threading
 import time
 from collections.abc import Iterable, Iterator, Sequence
@@ -570,10 +571,21 @@ class PostgresGateway:
                 raise translate_error(exc, "cannot listen for work") from exc
             self._listener, self._listener_pid = listener, os.getpid()
             return True
+        deadline = time.monotonic() + max(0.0, timeout)
         try:
-            for notify in listener.notifies(timeout=max(0.0, timeout)):
-                if notify.payload == self.notify_payload:
-                    return True
+            while True:
+                # What has arrived, without waiting.
+                for notify in listener.notifies(timeout=0.0):
+                    if notify.payload == self.notify_payload:
+                        return True
+                remaining = deadline - time.monotonic()
+                if remaining <= 0:
+                    return False
+                # The wait itself is the kernel's. psycopg's timed wait polls
+                # in whole milliseconds and spins through the last one: ~1 ms
+                # of CPU per timed-out wait, which an idle worker repeats at
+                # every poll interval.
+                _readable(listener.fileno(), remaining)
         except psycopg.Error as exc:
             # A lost listener is reopened by the next call; meanwhile say
             # "maybe work", so the caller looks instead of sleeping.
@@ -581,7 +593,6 @@ class PostgresGateway:
             if is_connection_error(exc, listener):
                 return True
             raise translate_error(exc, "waiting for work failed") from exc
-        return False
 
     def _close_listener(self) -> None:
         listener, self._listener = self._listener, None
@@ -593,3 +604,11 @@ class PostgresGateway:
         with self._listener_lock:
             self._close_listener()
         self.connections.close()
+
+
+def _readable(fd: int, timeout: float) -> None:
+    """Block until ``fd`` is readable or ``timeout`` seconds have passed
+    (``poll`` rounds the timeout up to a whole millisecond, never down)."""
+    poller = select.poll()
+    poller.register(fd, select.POLLIN)
+    poller.poll(timeout * 1000.0)
