@@ -359,7 +359,7 @@ def main(argv: Sequence[str] | None = None) -> None:
         "worker_concurrency": args.concurrency,
         "executor": args.executor,
         "sqlite_synchronous": "NORMAL (WAL; the store's setting)",
-        "submitter": "separate process; Engine.submit, polls get_run every 10 ms",
+        "submitter": "separate process; Engine.submit, polls get_run every 50 ms",
         "timing": "submit start -> max(run.finished_at), both time.time()",
         "hop": "child plugin entered - parent plugin returned (includes the parent's commit)",
     }
