@@ -32,7 +32,14 @@ from dagwerk.backends.postgres import gateway as pg_gateway
 from dagwerk.constants import RunStatus
 from dagwerk.orchestrator import reconcile_run
 from dagwerk.store import CompletionRequest, StoreContractError, TaskCompletionResult
-from dagwerk.testing.helpers import chain, emit, new_run, root
+from dagwerk.testing.helpers import (
+    assert_queued_tasks_deliverable,
+    chain,
+    emit,
+    new_run,
+    root,
+    tasks_of,
+)
 from dagwerk.testing.pg_proxy import DelayProxy
 
 # Long enough that a preempted client on a loaded machine still finishes a
@@ -291,6 +298,51 @@ def test_a_launch_waits_only_for_its_reads_and_its_commit(
     waited = [name for kind, name in made if kind in ("one", "all", "all_of", "run")]
     assert ("launch_insert" in waited, "node_bump" in waited) == (False, False), made
     assert trips == [len(waited) + 1], made
+
+
+def test_a_large_launch_sends_its_rows_in_slices_without_waiting_for_them(
+    proxy: DelayProxy, schema: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A launch's task and delivery rows go in slices of 250 (tasks, then
+    their deliveries, slice after slice): the server inserts one slice while
+    the next is built and encoded. No slice waits for a round trip, and
+    every task gets its delivery."""
+    calls: list[tuple[str, str]] = []
+    original = pg_gateway._Tx._call
+
+    def recording(self: Any, kind: str, name: str, *args: Any) -> Any:
+        calls.append((kind, name))
+        return original(self, kind, name, *args)
+
+    monkeypatch.setattr(pg_gateway._Tx, "_call", recording)
+    with PostgresStore(proxy.url, schema=schema) as store:
+        log = new_run(store, chain(2))
+        (entry,) = store.claim_deliveries("w", limit=1, lease_seconds=60.0)
+        request = CompletionRequest(
+            delivery_id=entry.delivery.delivery_id,
+            task_id=entry.delivery.task_id,
+            expected_attempt_id=entry.delivery.attempt_id,
+            outputs=emit(*(f"out-{n}" for n in range(600)), k=1),
+        )
+        assert isinstance(store.complete_and_ack("w", [request])[0], TaskCompletionResult)
+        launch = store.try_create_node_launch
+        trips: list[int] = []
+
+        def counted(*args: Any, **kwargs: Any) -> Any:
+            calls.clear()
+            with proxy.count() as counting:
+                result = launch(*args, **kwargs)
+            trips.extend(counting)
+            return result
+
+        monkeypatch.setattr(store, "try_create_node_launch", counted)
+        reconcile_run(store, "run-1", callbacks=log.callbacks)
+        inserts = [name for _, name in calls if name in ("task_insert", "delivery_insert")]
+        assert inserts == ["task_insert", "delivery_insert"] * 3, calls
+        waited = [name for kind, name in calls if kind in ("one", "all", "all_of", "run")]
+        assert trips == [len(waited) + 1], calls
+        assert len(tasks_of(store, "run-1", 1)) == 600
+        assert_queued_tasks_deliverable(store, "run-1")
 
 
 # -- guarantees ---------------------------------------------------------------------------

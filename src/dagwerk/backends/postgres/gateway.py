@@ -448,6 +448,11 @@ class PostgresGateway:
     connections in ``pg_stat_activity``.
     """
 
+    pipelines_writes = True
+    """``send`` and ``many`` return before the server has run the statement
+    (it runs while the caller prepares the next one); an error comes back at
+    the next wait, at the latest the commit."""
+
     def __init__(
         self,
         url: str,

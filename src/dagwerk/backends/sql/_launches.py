@@ -24,6 +24,9 @@ from ._plans import remember_plan
 from .gateway import Row, Tx
 
 _STALE = LaunchCreateResult(status=LaunchCreateStatus.STALE)
+_SLICE = 250
+"""Task rows per slice of a launch's inserts where the gateway sends writes
+without waiting (see ``_create_launch``)."""
 
 
 def _limit(value: object, name: str) -> int:
@@ -290,29 +293,35 @@ class LaunchesMixin(ClaimAheadMixin):
         # rows are built.
         tx.many("launch_insert", [launch])
         ids = self._new_ids(2 * len(plans))
-        rows = [
-            {
-                "task_id": f"{run_id}:{node_index}:{generation}:{n}",
-                "run_id": run_id,
-                "node_index": node_index,
-                "generation": generation,
-                "launch_id": launch_id,
-                "status": TaskStatus.QUEUED.value,
-                "attempt_id": ids[2 * n],
-                "plan": plan.model_dump_json(),
-                "delivery_id": ids[2 * n + 1],
-            }
-            for n, plan in enumerate(plans)
-        ]
-        if rows:
+        rows: list[dict[str, object]] = []
+        if plans:
             now = self._now()
             queue, priority = self._route(tx, run_id, node_index)
-            if self._preclaim(tx, rows, (queue, priority), now):
-                # Taken by the unit's claim ahead as they are written.
-                tx.many("task_insert_claimed", rows)
-                tx.many("delivery_insert_leased", rows)
-            else:
-                tx.many("task_insert", rows)
+            # Where writes are sent without waiting (PostgreSQL), the rows go
+            # in slices: the server inserts one while the next is built.
+            step = _SLICE if getattr(self._gw, "pipelines_writes", False) else len(plans)
+            for start in range(0, len(plans), step):
+                part = [
+                    {
+                        "task_id": f"{run_id}:{node_index}:{generation}:{n}",
+                        "run_id": run_id,
+                        "node_index": node_index,
+                        "generation": generation,
+                        "launch_id": launch_id,
+                        "status": TaskStatus.QUEUED.value,
+                        "attempt_id": ids[2 * n],
+                        "plan": plans[n].model_dump_json(),
+                        "delivery_id": ids[2 * n + 1],
+                    }
+                    for n in range(start, min(start + step, len(plans)))
+                ]
+                rows.extend(part)
+                if step == len(plans) and self._preclaim(tx, part, (queue, priority), now):
+                    # Taken by the unit's claim ahead as they are written.
+                    tx.many("task_insert_claimed", part)
+                    tx.many("delivery_insert_leased", part)
+                    continue
+                tx.many("task_insert", part)
                 tx.many(
                     "delivery_insert",
                     (
@@ -323,7 +332,7 @@ class LaunchesMixin(ClaimAheadMixin):
                             "priority": priority,
                             "delivery_count": 0,
                         }
-                        for row in rows
+                        for row in part
                     ),
                 )
             created.extend(rows)
