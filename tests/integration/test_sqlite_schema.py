@@ -197,3 +197,24 @@ def test_the_failure_check_of_a_targeted_reconcile_is_one_index_probe(tmp_path: 
     finally:
         conn.close()
     assert "dagwerk_launches_failed" in plan
+
+
+def test_a_stop_finds_its_queue_rows_by_their_run_not_by_every_task(tmp_path: Path) -> None:
+    """A run's stop drops the queue rows of its active tasks through the
+    queue's run index, probing a task per queue row, instead of listing
+    every task of the run (a finished run's queue is empty)."""
+    db = tmp_path / "plan.db"
+    SqliteStore(str(db)).close()
+    conn = sqlite3.connect(db)
+    try:
+        plan = [
+            str(row[3])
+            for row in conn.execute(
+                "EXPLAIN QUERY PLAN " + QUERIES["deliveries_drop_active"],
+                {"run_id": "r", "node_index": None},
+            )
+        ]
+    finally:
+        conn.close()
+    assert plan[0].startswith("SEARCH d USING INDEX dagwerk_deliveries_run"), plan
+    assert not any("dagwerk_tasks_run" in step for step in plan), plan
