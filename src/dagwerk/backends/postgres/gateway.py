@@ -20,7 +20,7 @@ of a write cannot be run twice.
 from __future__ import annotations
 
 import os
-import select
+import selectors
 import threading
 import time
 from collections.abc import Iterable, Iterator, Sequence
@@ -612,8 +612,9 @@ class PostgresGateway:
 
 
 def _readable(fd: int, timeout: float) -> None:
-    """Block until ``fd`` is readable or ``timeout`` seconds have passed
-    (``poll`` rounds the timeout up to a whole millisecond, never down)."""
-    poller = select.poll()
-    poller.register(fd, select.POLLIN)
-    poller.poll(timeout * 1000.0)
+    """Block until ``fd`` is readable or ``timeout`` seconds have passed (the
+    platform's selector; epoll rounds the timeout up to a whole millisecond,
+    never down)."""
+    with selectors.DefaultSelector() as selector:
+        selector.register(fd, selectors.EVENT_READ)
+        selector.select(timeout)
