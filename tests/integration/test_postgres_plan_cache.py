@@ -92,7 +92,7 @@ def test_the_worker_cycles_statements_are_prepared_at_their_first_call(
     # one connection: both times prepared (by default, neither would be).
     assert prepared["tasks_claimable_many"] == 2
     assert prepared["tasks_get_owned_many"] == 2
-    assert "queue_candidates" in prepared
+    assert "queue_lease_next" in prepared
 
 
 def test_the_urls_options_are_kept_and_the_schema_wins(postgres_url: str) -> None:

@@ -19,7 +19,7 @@ import os
 import threading
 import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any
 
@@ -31,7 +31,13 @@ from dagwerk.backends.postgres import PostgresStore
 from dagwerk.backends.postgres import gateway as pg_gateway
 from dagwerk.constants import RunStatus
 from dagwerk.orchestrator import reconcile_run
-from dagwerk.store import CompletionRequest, StoreContractError, TaskCompletionResult
+from dagwerk.store import (
+    CompletionRequest,
+    EmittedOutput,
+    InvalidStoreValueError,
+    StoreContractError,
+    TaskCompletionResult,
+)
 from dagwerk.testing.helpers import (
     assert_queued_tasks_deliverable,
     chain,
@@ -257,13 +263,16 @@ def test_a_batch_that_names_its_runs_costs_two_round_trips(proxy: DelayProxy, sc
         assert trips == [3, 2, 2]
 
 
-def test_a_launch_waits_only_for_its_reads_and_its_commit(
-    proxy: DelayProxy, schema: str, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """The launch row, its tasks and deliveries and the node's revision are
-    sent without waiting and ride the COMMIT: a launch costs the round trips
-    of the reads it uses plus one (the launch row and the revision each
-    waited for a round trip of their own before)."""
+def _launch_recorded(
+    proxy: DelayProxy,
+    schema: str,
+    monkeypatch: pytest.MonkeyPatch,
+    outputs: tuple[EmittedOutput, ...],
+    then: Callable[[PostgresStore], None] = lambda store: None,
+) -> tuple[list[int], list[tuple[str, str]]]:
+    """Complete the root of a two-node chain with ``outputs`` and reconcile:
+    the round trips of the child's launch and its calls (kind, block);
+    ``then(store)`` runs before the store closes."""
     calls: list[tuple[str, str]] = []
     original = pg_gateway._Tx._call
 
@@ -272,6 +281,7 @@ def test_a_launch_waits_only_for_its_reads_and_its_commit(
         return original(self, kind, name, *args)
 
     monkeypatch.setattr(pg_gateway._Tx, "_call", recording)
+    launched: list[tuple[list[int], list[tuple[str, str]]]] = []
     with PostgresStore(proxy.url, schema=schema) as store:
         log = new_run(store, chain(2))
         (entry,) = store.claim_deliveries("w", limit=1, lease_seconds=60.0)
@@ -279,10 +289,9 @@ def test_a_launch_waits_only_for_its_reads_and_its_commit(
             delivery_id=entry.delivery.delivery_id,
             task_id=entry.delivery.task_id,
             expected_attempt_id=entry.delivery.attempt_id,
-            outputs=emit("out-0", k=1),
+            outputs=outputs,
         )
         assert isinstance(store.complete_and_ack("w", [request])[0], TaskCompletionResult)
-        launched: list[tuple[list[int], list[tuple[str, str]]]] = []
         launch = store.try_create_node_launch
 
         def counted(*args: Any, **kwargs: Any) -> Any:
@@ -294,8 +303,24 @@ def test_a_launch_waits_only_for_its_reads_and_its_commit(
 
         monkeypatch.setattr(store, "try_create_node_launch", counted)
         reconcile_run(store, "run-1", callbacks=log.callbacks)
+        then(store)
     ((trips, made),) = launched
-    waited = [name for kind, name in made if kind in ("one", "all", "all_of", "run")]
+    return trips, made
+
+
+def _waited(made: list[tuple[str, str]]) -> list[str]:
+    return [name for kind, name in made if kind in ("one", "all", "all_of", "run")]
+
+
+def test_a_launch_waits_only_for_its_reads_and_its_commit(
+    proxy: DelayProxy, schema: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The launch row, its tasks and deliveries and the node's revision are
+    sent without waiting and ride the COMMIT: a launch costs the round trips
+    of the reads it uses plus one (the launch row and the revision each
+    waited for a round trip of their own before)."""
+    trips, made = _launch_recorded(proxy, schema, monkeypatch, emit("out-0", k=1))
+    waited = _waited(made)
     assert ("launch_insert" in waited, "node_bump" in waited) == (False, False), made
     assert trips == [len(waited) + 1], made
 
@@ -307,42 +332,75 @@ def test_a_large_launch_sends_its_rows_in_slices_without_waiting_for_them(
     their deliveries, slice after slice): the server inserts one slice while
     the next is built and encoded. No slice waits for a round trip, and
     every task gets its delivery."""
-    calls: list[tuple[str, str]] = []
-    original = pg_gateway._Tx._call
 
-    def recording(self: Any, kind: str, name: str, *args: Any) -> Any:
-        calls.append((kind, name))
-        return original(self, kind, name, *args)
-
-    monkeypatch.setattr(pg_gateway._Tx, "_call", recording)
-    with PostgresStore(proxy.url, schema=schema) as store:
-        log = new_run(store, chain(2))
-        (entry,) = store.claim_deliveries("w", limit=1, lease_seconds=60.0)
-        request = CompletionRequest(
-            delivery_id=entry.delivery.delivery_id,
-            task_id=entry.delivery.task_id,
-            expected_attempt_id=entry.delivery.attempt_id,
-            outputs=emit(*(f"out-{n}" for n in range(600)), k=1),
-        )
-        assert isinstance(store.complete_and_ack("w", [request])[0], TaskCompletionResult)
-        launch = store.try_create_node_launch
-        trips: list[int] = []
-
-        def counted(*args: Any, **kwargs: Any) -> Any:
-            calls.clear()
-            with proxy.count() as counting:
-                result = launch(*args, **kwargs)
-            trips.extend(counting)
-            return result
-
-        monkeypatch.setattr(store, "try_create_node_launch", counted)
-        reconcile_run(store, "run-1", callbacks=log.callbacks)
-        inserts = [name for _, name in calls if name in ("task_insert", "delivery_insert")]
-        assert inserts == ["task_insert", "delivery_insert"] * 3, calls
-        waited = [name for kind, name in calls if kind in ("one", "all", "all_of", "run")]
-        assert trips == [len(waited) + 1], calls
+    def launched(store: PostgresStore) -> None:
         assert len(tasks_of(store, "run-1", 1)) == 600
         assert_queued_tasks_deliverable(store, "run-1")
+
+    outputs = emit(*(f"out-{n}" for n in range(600)), k=1)
+    trips, made = _launch_recorded(proxy, schema, monkeypatch, outputs, launched)
+    inserts = [name for _, name in made if name in ("task_insert", "delivery_insert")]
+    assert inserts == ["task_insert", "delivery_insert"] * 3, made
+    assert trips == [len(_waited(made)) + 1], made
+
+
+def test_a_batch_claims_lease_is_one_round_trip_with_its_commit(
+    proxy: DelayProxy, schema: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A batch claim's lease picks, leases and commits in one statement sent
+    with its COMMIT: one round trip (two before: the candidates, then the
+    leases with the COMMIT), and an empty queue's look costs one too."""
+    with PostgresStore(proxy.url, schema=schema) as store:
+        new_run(store, [root("a"), root("b")])
+        counted: list[tuple[list[int], int]] = []
+        lease = store._lease
+
+        def counting(*args: Any, **kwargs: Any) -> Any:
+            with proxy.count() as trips:
+                found = lease(*args, **kwargs)
+            counted.append((trips, len(found)))
+            return found
+
+        monkeypatch.setattr(store, "_lease", counting)
+        entries = store.claim_deliveries("w", limit=8, lease_seconds=60.0)
+        assert len(entries) == 2 and all(entry.task is not None for entry in entries)
+        assert store.claim_deliveries("w", limit=8, lease_seconds=60.0) == []
+    assert counted == [([1], 2), ([1], 0)]
+
+
+def test_a_statement_sent_with_its_commit_commits_with_it_or_not_at_all(
+    postgres_url: str, schema: str
+) -> None:
+    """``all_committing``: the rows come back committed (another connection
+    sees them before the transaction's block ends); a failing statement
+    commits nothing and leaves the store usable."""
+    with PostgresStore(postgres_url, schema=schema) as store:
+        new_run(store, [root("a")])
+        params: dict[str, object] = {
+            "now": 1e12,
+            "queues": None,
+            "worker_id": "w",
+            "expires": 2e12,
+            "max_deliveries": 10,
+        }
+        with _admin(postgres_url, schema) as admin:
+
+            def owners() -> list[object]:
+                rows = admin.execute("SELECT lease_owner FROM dagwerk_deliveries").fetchall()
+                return [row[0] for row in rows]
+
+            with pytest.raises(InvalidStoreValueError), store._pg.write() as tx:
+                tx.all_committing("queue_lease_next", {**params, "limit": -1})
+            assert owners() == [None]
+            with store._pg.write() as tx:
+                (row,) = tx.all_committing("queue_lease_next", {**params, "limit": 5})
+                assert row["leased"] and row["lease_owner"] is None  # as it was
+                assert owners() == ["w"]  # committed already
+                with pytest.raises(AssertionError):
+                    tx.all_committing("queue_lease_next", {**params, "limit": 5})
+            assert owners() == ["w"]
+            # The store goes on after the failed statement: the lease holds.
+            assert store.dequeue("other", limit=5, lease_seconds=60.0) == []
 
 
 # -- guarantees ---------------------------------------------------------------------------

@@ -59,7 +59,6 @@ HOT = {
     "queue_ack",
     "task_insert",
     "delivery_insert",
-    "queue_lease",
 }
 
 TRICKY = (
@@ -372,7 +371,7 @@ def test_a_batched_call_sends_one_statement_whatever_its_size(
         assert name in by_block, name
         assert all(statements == 1 for _, statements in by_block[name]), (name, by_block[name])
     # The calls of the fan-out really carried the batch.
-    for name in ("task_insert", "delivery_insert", "queue_lease"):
+    for name in ("task_insert", "delivery_insert"):
         assert max(rows for rows, _ in by_block[name]) == size, name
     for name in ("task_claim", "task_complete", "queue_ack"):
         assert max(rows for rows, _ in by_block[name]) == size, name

@@ -88,6 +88,7 @@ class _Tx:
 
     __slots__ = (
         "_begun",
+        "_committed",
         "_conn",
         "_deadline",
         "_deferred",
@@ -110,6 +111,8 @@ class _Tx:
         # flight, whose results are still due.
         self._sent = False
         self._begun = False
+        # The COMMIT went out with the last statement (all_committing).
+        self._committed = False
         self._deferred: list[str] = []
         # The run-row lock mode the transaction's first locking block took.
         self._run_lock = 0
@@ -213,6 +216,17 @@ class _Tx:
             self._send_begin()
             self._sync()
             return None
+        if kind == "all_commit":
+            cursor = self._send(name, params)
+            self._send_begin().execute(b"COMMIT", prepare=False)
+            self._committed = True
+            # Leaving pipeline mode is the flight's one Sync (a Sync and then
+            # leaving would cost a second round trip).
+            self._unpipe()
+            self._begun = True
+            self._settling = None
+            self._deferred.clear()
+            return cursor.fetchall()
         if kind == "all_of":
             queries = cast("list[tuple[str, Params]]", rows)
             cursors = [self._send(query, values) for query, values in queries]
@@ -254,6 +268,7 @@ class _Tx:
                 stale = settling is not None and settling.pgresult is None
                 if (
                     not fresh
+                    or self._committed
                     or not (stale or is_connection_error(exc, self._conn))
                     or time.monotonic() >= self._deadline
                 ):
@@ -281,6 +296,11 @@ class _Tx:
         try:
             return self._attempt(kind, name, params, rows)
         except psycopg.Error as exc:
+            if self._committed and is_connection_error(exc, self._conn):
+                raise StoreUnavailableError(
+                    "the connection was lost while committing; the write may or may not "
+                    f"have been applied: {exc}"
+                ) from exc
             if self._write or not is_connection_error(exc, self._conn):
                 raise translate_error(exc, self._context(name)) from exc
             cause = exc
@@ -324,6 +344,18 @@ class _Tx:
     def run(self, name: str, params: Params | None = None) -> int:
         count: int = self._call("run", name, params)
         return count
+
+    def all_committing(self, name: str, params: Params | None = None) -> list[Row]:
+        """Every row of a write's last block, sent with the transaction's
+        ``COMMIT`` in one flight: the rows come back once the ``COMMIT`` is
+        acknowledged, and nothing may follow on the transaction. A failed
+        block commits nothing (the server skips the ``COMMIT`` after it). A
+        connection lost during the flight is not replaced, since the
+        ``COMMIT`` may have been applied: :class:`StoreUnavailableError`."""
+        if not self._write or self._committed:
+            raise AssertionError("all_committing is the last call of a write")
+        rows: list[Row] = self._call("all_commit", name, params)
+        return rows
 
     def send(self, name: str, params: Params | None = None) -> None:
         """Execute a block (with its lock preludes) whose row count the caller
@@ -385,6 +417,10 @@ class _Tx:
         connections = self._gateway.connections
         if not self._sent:
             self._drop_pipe()
+            connections.release(conn)
+            return
+        if self._committed:
+            # all_committing's flight carried the COMMIT and its acknowledgement.
             connections.release(conn)
             return
         try:

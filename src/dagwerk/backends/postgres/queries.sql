@@ -536,6 +536,33 @@ ORDER BY priority DESC, available_at, seq
 LIMIT :limit
 FOR UPDATE SKIP LOCKED;
 
+-- name: queue_lease_next
+-- postgres only: SQLite (one writer) leases in the loop of sql/_queue.py.
+-- The lease of a dequeue in one statement, sent with its COMMIT in one
+-- flight: the first :limit available rows in the queue's order, skipping
+-- rows another transaction holds; those below :max_deliveries are leased.
+-- Every picked row comes back as it was before the lease, with "leased", in
+-- the queue's order (a row that used up its deliveries is buried after).
+WITH picked AS (
+    SELECT * FROM dagwerk_deliveries
+    WHERE available_at <= :now
+      AND (CAST(:queues AS text) IS NULL
+           OR queue = ANY (ARRAY(SELECT jsonb_array_elements_text(CAST(:queues AS jsonb)))))
+    ORDER BY priority DESC, available_at, seq
+    LIMIT :limit
+    FOR UPDATE SKIP LOCKED
+), leased AS (
+    UPDATE dagwerk_deliveries AS d
+    SET lease_owner = :worker_id, lease_expires_at = :expires, available_at = :expires,
+        delivery_count = d.delivery_count + 1
+    FROM picked AS p
+    WHERE d.delivery_id = p.delivery_id AND p.delivery_count < :max_deliveries
+    RETURNING d.delivery_id
+)
+SELECT p.*, (l.delivery_id IS NOT NULL) AS leased
+FROM picked AS p LEFT JOIN leased AS l ON l.delivery_id = p.delivery_id
+ORDER BY p.priority DESC, p.available_at, p.seq;
+
 -- name: queue_get
 SELECT 1 FROM dagwerk_deliveries WHERE delivery_id = :delivery_id FOR UPDATE;
 SELECT * FROM dagwerk_deliveries WHERE delivery_id = :delivery_id;

@@ -121,6 +121,10 @@ class QueueMixin(SqlStoreBase):
         # the run row while holding queue rows could deadlock with it.
         spent: dict[str, Row] = {}
         serialised = getattr(self._gw, "serialises_writers", False)
+        if claims is None and not record_worker and getattr(self._gw, "pipelines_writes", False):
+            flown = self._lease_in_flights(worker_id, limit, lease, queue_filter, spent)
+            self._bury_all(spent, flown)
+            return flown
         if serialised and self._write_mark() is None:
             # One database-wide write lock (SQLite): an idle worker's poll
             # must not take it just to find nothing, since every other
@@ -198,6 +202,53 @@ class QueueMixin(SqlStoreBase):
                     break
             if claims is not None and leased:
                 claims.extend(self._claim_many(tx, leased, worker_id=worker_id, fresh=inserted))
+        self._bury_all(spent, leased)
+        return leased
+
+    def _lease_in_flights(
+        self,
+        worker_id: str,
+        limit: int,
+        lease: float,
+        queue_filter: str | None,
+        spent: dict[str, Row],
+    ) -> list[LeasedDelivery]:
+        """The leases of a dequeue where writes are pipelined (PostgreSQL):
+        each round picks, leases and commits in one statement sent with its
+        ``COMMIT`` (one round trip). Rows past ``max_deliveries`` are picked
+        but not leased; they go to ``spent`` and a further round reaches past
+        them, as the loop of :meth:`_lease` does."""
+        leased: list[LeasedDelivery] = []
+        while len(leased) < limit:
+            asked = limit - len(leased) + len(spent)
+            now = self._now()
+            expires = now + lease
+            with self._gw.write() as tx:
+                rows = tx.all_committing(
+                    "queue_lease_next",
+                    {
+                        "now": now,
+                        "queues": queue_filter,
+                        "limit": asked,
+                        "worker_id": worker_id,
+                        "expires": expires,
+                        "max_deliveries": self.max_deliveries,
+                    },
+                )
+            fresh = 0
+            for row in rows:
+                if row["leased"]:
+                    leased.append(_leased(row, worker_id, expires))
+                    fresh += 1
+                elif row["delivery_id"] not in spent:
+                    spent[row["delivery_id"]] = row
+                    fresh += 1
+            # Fewer rows than asked for: nothing is beyond them.
+            if len(rows) < asked or not fresh:
+                break
+        return leased
+
+    def _bury_all(self, spent: Mapping[str, Row], leased: list[LeasedDelivery]) -> None:
         for row in spent.values():
             if leased:
                 # The leases are committed; a failed burial must not lose them
@@ -206,7 +257,6 @@ class QueueMixin(SqlStoreBase):
                     self._bury_spent(row)
             else:
                 self._bury_spent(row)
-        return leased
 
     def _bury_spent(self, row: Row) -> None:
         """Dead-letter one row that has used up its deliveries and crash its

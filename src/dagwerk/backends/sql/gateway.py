@@ -64,6 +64,11 @@ class Tx(Protocol):
         """Execute a statement; the number of rows it changed."""
         ...
 
+    def all_committing(self, name: str, params: Params | None = None) -> list[Row]:
+        """Every row of a write's last statement, committed with it (in the
+        same round trip where the backend can); nothing may follow it."""
+        ...
+
     def many(self, name: str, rows: Iterable[Params]) -> None:
         """Execute a statement once per parameter set."""
         ...

@@ -134,6 +134,10 @@ class _Tx:
     def all_of(self, queries: Sequence[tuple[str, Params]]) -> list[list[Row]]:
         return [self.all(name, params) for name, params in queries]
 
+    def all_committing(self, name: str, params: Params | None = None) -> list[Row]:
+        """``all``: the transaction commits as it ends, right after."""
+        return self.all(name, params)
+
     def run(self, name: str, params: Params | None = None) -> int:
         if name in _WAKING:
             self.woke = True
