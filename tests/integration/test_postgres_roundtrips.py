@@ -29,7 +29,7 @@ import pytest
 from dagwerk.backends.errors import StoreUnavailableError
 from dagwerk.backends.postgres import PostgresStore
 from dagwerk.backends.postgres import gateway as pg_gateway
-from dagwerk.constants import RunStatus
+from dagwerk.constants import RunStatus, TaskStatus
 from dagwerk.orchestrator import reconcile_run
 from dagwerk.store import (
     CompletionRequest,
@@ -38,6 +38,7 @@ from dagwerk.store import (
     StoreContractError,
     TaskCompletionResult,
 )
+from dagwerk.testing.contract_queue import FakeClock
 from dagwerk.testing.helpers import (
     assert_queued_tasks_deliverable,
     chain,
@@ -366,6 +367,38 @@ def test_a_batch_claims_lease_is_one_round_trip_with_its_commit(
         assert len(entries) == 2 and all(entry.task is not None for entry in entries)
         assert store.claim_deliveries("w", limit=8, lease_seconds=60.0) == []
     assert counted == [([1], 2), ([1], 0)]
+
+
+def test_the_leases_of_a_first_round_survive_a_failed_second_round(
+    postgres_url: str, schema: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A batch claim that meets a used-up row takes a second round to reach
+    past it. The first round's leases are committed: if the second round
+    fails they still reach the caller (else they would wait out their lease)."""
+    clock = FakeClock()
+    with PostgresStore(postgres_url, schema=schema, clock=clock, max_deliveries=1) as store:
+        new_run(store, [root("a"), root("b"), root("c")])
+        (used,) = store.dequeue("w", limit=1, lease_seconds=60.0)
+        assert store.nack(used.delivery_id, "w")  # first in line again, used up
+        write = store._pg.write
+        rounds = 0
+
+        def second_round_fails() -> Any:
+            nonlocal rounds
+            rounds += 1
+            if rounds == 2:
+                raise StoreUnavailableError("the second round's connection was lost")
+            return write()
+
+        monkeypatch.setattr(store._pg, "write", second_round_fails)
+        entries = store.claim_deliveries("w2", limit=2, lease_seconds=60.0)
+        monkeypatch.undo()
+        assert rounds >= 2
+        (entry,) = entries
+        assert entry.delivery.task_id not in (used.task_id,)
+        assert entry.task is not None and entry.task.status is TaskStatus.RUNNING
+        (letter,) = store.list_dead_letters()
+        assert letter.delivery_id == used.delivery_id
 
 
 def test_a_statement_sent_with_its_commit_commits_with_it_or_not_at_all(

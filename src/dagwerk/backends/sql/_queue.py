@@ -223,18 +223,23 @@ class QueueMixin(SqlStoreBase):
             asked = limit - len(leased) + len(spent)
             now = self._now()
             expires = now + lease
-            with self._gw.write() as tx:
-                rows = tx.all_committing(
-                    "queue_lease_next",
-                    {
-                        "now": now,
-                        "queues": queue_filter,
-                        "limit": asked,
-                        "worker_id": worker_id,
-                        "expires": expires,
-                        "max_deliveries": self.max_deliveries,
-                    },
-                )
+            try:
+                with self._gw.write() as tx:
+                    rows = tx.all_committing(
+                        "queue_lease_next",
+                        {
+                            "now": now,
+                            "queues": queue_filter,
+                            "limit": asked,
+                            "worker_id": worker_id,
+                            "expires": expires,
+                            "max_deliveries": self.max_deliveries,
+                        },
+                    )
+            except (StoreBusyError, StoreUnavailableError):
+                if not leased:
+                    raise
+                break  # the leases of the earlier rounds are committed: they go out
             fresh = 0
             for row in rows:
                 if row["leased"]:
