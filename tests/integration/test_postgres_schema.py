@@ -35,12 +35,13 @@ SRC = Path(__file__).resolve().parents[2] / "src" / "dagwerk" / "backends"
 # --- the .sql files (no server) ------------------------------------------------------
 
 
-def _postgres_only() -> set[str]:
-    """Blocks that say why SQLite has none (a ``-- postgres only:`` line)."""
+def _only(path: Path, dialect: str) -> set[str]:
+    """Blocks of ``path`` that say why the other dialect has none (a
+    ``-- postgres only:`` or ``-- sqlite only:`` line with a reason)."""
     return {
         name
-        for name, sql in load_queries(QUERIES_PATH).items()
-        if re.search(r"^--\s*postgres only:\s*\S", sql, re.MULTILINE)
+        for name, sql in load_queries(path).items()
+        if re.search(rf"^--\s*{dialect} only:\s*\S", sql, re.MULTILINE)
     }
 
 
@@ -48,10 +49,12 @@ def test_both_sql_files_define_the_same_operations() -> None:
     sqlite = set(load_queries(SQLITE_QUERIES_PATH))
     postgres = set(load_queries(QUERIES_PATH))
     assert sqlite, "no blocks in sqlite/queries.sql"
-    assert sorted(sqlite - postgres) == [], "blocks missing from postgres/queries.sql"
-    only = _postgres_only()
-    assert sorted(postgres - sqlite - only) == [], "blocks missing from sqlite/queries.sql"
-    assert sorted(only & sqlite) == [], "a block marked postgres only exists in SQLite too"
+    sqlite_only = _only(SQLITE_QUERIES_PATH, "sqlite")
+    postgres_only = _only(QUERIES_PATH, "postgres")
+    assert sorted(sqlite - postgres - sqlite_only) == [], "blocks missing from postgres/queries.sql"
+    assert sorted(postgres - sqlite - postgres_only) == [], "blocks missing from sqlite/queries.sql"
+    assert sorted(sqlite_only & postgres) == [], "a block marked sqlite only is in PostgreSQL too"
+    assert sorted(postgres_only & sqlite) == [], "a block marked postgres only is in SQLite too"
 
 
 _PARAM = re.compile(r"(?<![:\w]):([A-Za-z_]\w*)")

@@ -503,23 +503,6 @@ INSERT INTO dagwerk_deliveries
 VALUES (:delivery_id, :task_id, :attempt_id, :generation, :run_id, :node_index, :launch_id,
         :queue, :priority, :now, :delivery_count);
 
--- name: task_insert_claimed
--- task_insert of a task the claim ahead of the same transaction takes as it
--- is written: RUNNING, with the claiming worker (see sql/_ahead.py).
-INSERT INTO dagwerk_tasks
-    (task_id, run_id, node_index, generation, launch_id, status, attempt_id, plan, worker_id)
-VALUES (:task_id, :run_id, :node_index, :generation, :launch_id, :status, :attempt_id, :plan,
-        :worker_id);
-
--- name: delivery_insert_leased
--- delivery_insert of that task's delivery, leased to the claiming worker as
--- queue_lease would leave it (hidden until the lease expires, delivered once).
-INSERT INTO dagwerk_deliveries
-    (delivery_id, task_id, attempt_id, generation, run_id, node_index, launch_id,
-     queue, priority, available_at, delivery_count, lease_owner, lease_expires_at)
-VALUES (:delivery_id, :task_id, :attempt_id, :generation, :run_id, :node_index, :launch_id,
-        :queue, :priority, :expires, 1, :worker_id, :expires);
-
 -- name: delivery_delete
 DELETE FROM dagwerk_deliveries WHERE delivery_id = :delivery_id;
 
