@@ -20,6 +20,7 @@ from typing import Any
 from urllib.parse import urlsplit, urlunsplit
 
 __all__ = [
+    "REFERENCE_CALIBRATION_MS",
     "PostgresDatabases",
     "cpu_times",
     "machine",
@@ -27,6 +28,7 @@ __all__ = [
     "postgres_settings",
     "python_calibration_ms",
     "source",
+    "speed_warning",
     "sqlite_commit_rate",
     "steal_share",
     "versions",
@@ -80,6 +82,31 @@ def python_calibration_ms(rounds: int = 7) -> float:
         workload()
         timings.append(time.perf_counter() - began)
     return round(1e3 * statistics.median(timings), 2)
+
+
+#: :func:`python_calibration_ms` on the VM where issue 9's targets were set
+#: and where rounds 6-10 of docs/performance.md were measured (its fast and
+#: its slow hours). The targets are absolute figures for that machine.
+REFERENCE_CALIBRATION_MS = (17.9, 23.4)
+
+
+def speed_warning(calibration_ms: float) -> str | None:
+    """A warning when this machine ran the fixed workload well outside the
+    reference range (more than 15 % beyond either end), ``None`` otherwise:
+    the targets' absolute figures then say little about the code, and two
+    trees should be compared on the same machine (``--src``)."""
+    low, high = REFERENCE_CALIBRATION_MS
+    if calibration_ms > 1.15 * high:
+        factor, way = calibration_ms / high, "slower"
+    elif calibration_ms < low / 1.15:
+        factor, way = low / calibration_ms, "faster"
+    else:
+        return None
+    return (
+        f"this machine ran the calibration workload {factor:.1f}x {way} than the VM the "
+        f"targets were set on ({low}-{high} ms): read the targets' 'met' with that in "
+        "mind, and compare two trees on this machine with --src"
+    )
 
 
 def cpu_times() -> list[int] | None:

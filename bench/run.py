@@ -414,6 +414,7 @@ def main(argv: Sequence[str] | None = None) -> None:
         results, by_label = run_cases(args, postgres_url, tmp)
     steal = _env.steal_share(cpu_before, _env.cpu_times())
     goals = targets(results, by_label)
+    warning = _env.speed_warning(calibration)
     settings: dict[str, object] = {
         "mode": "full" if args.full else "quick",
         "worker": "dagwerk worker (separate processes, CLI defaults)",
@@ -431,6 +432,8 @@ def main(argv: Sequence[str] | None = None) -> None:
         "machine": {
             **_env.machine(),
             "python_calibration_ms": calibration,
+            "reference_calibration_ms": list(_env.REFERENCE_CALIBRATION_MS),
+            "speed_warning": warning,
             "cpu_steal_share": steal,
         },
         "versions": _env.versions(postgres_url),
@@ -449,6 +452,8 @@ def main(argv: Sequence[str] | None = None) -> None:
         f"python calibration: {calibration} ms (a fixed workload; lower is faster); "
         f"CPU steal during the run: {'unknown' if steal is None else f'{100 * steal:.1f} %'}"
     )
+    if warning:
+        print(f"WARNING: {warning}")
     print()
     print(json.dumps(document, indent=2))
     if args.json:
