@@ -84,6 +84,36 @@ def test_aa_02_terminal_run_is_returned_without_a_step() -> None:
     assert runs.steps == 0
 
 
+def test_aa_02_an_observer_arriving_while_others_settle_gets_no_step() -> None:
+    # The loop settles a snapshot of observers; one that arrives meanwhile,
+    # for a run that is already terminal, must be settled before any step,
+    # not counted as demand for one.
+    runs = FakeRuns()
+    runs.status.update({"slow": RunStatus.COMPLETED, "done": RunStatus.FAILED})
+    reading, release = threading.Event(), threading.Event()
+    plain_read = runs.read
+
+    def read(run_id: str) -> RunStatus | None:
+        if run_id == "slow" and not release.is_set():
+            reading.set()
+            release.wait(30)
+        return plain_read(run_id)
+
+    actor = AdvancementActor(runs.step, read)
+    results: list[object] = []
+    slow = _waiter(actor, "slow", results, timeout=30)
+    actor.start()
+    assert reading.wait(30)  # the loop is settling a snapshot holding only "slow"
+    done = _waiter(actor, "done", results, timeout=30)
+    wait_until(lambda: len(actor._observers) == 2, "both observers waiting", timeout=30)
+    release.set()
+    slow.join(30)
+    done.join(30)
+    actor.stop()
+    assert sorted(map(str, results)) == ["completed", "failed"]
+    assert runs.steps == 0
+
+
 def test_aa_03_abort_and_deadline_settle_only_that_observer() -> None:
     runs = FakeRuns()
     runs.status["r"] = RunStatus.RUNNING

@@ -216,7 +216,11 @@ class AdvancementActor:
             if observer in self._observers:
                 self._observers.remove(observer)
 
-    def _settle_observers(self) -> None:
+    def _settle_observers(self) -> bool:
+        """Settle the observers of terminal or missing runs; return whether
+        demand remains: background work, or an observer of this snapshot still
+        waiting. One that arrived after the snapshot is not demand yet: the
+        wake it set brings the loop back to settle it before any step (AA-02)."""
         with self._lock:
             observers = list(self._observers)
         by_run: dict[str, list[_Observer]] = {}
@@ -248,10 +252,8 @@ class AdvancementActor:
                 for observer in group:
                     self._remove(observer)
                     observer.settle(status, None)
-
-    def _has_demand(self) -> bool:
         with self._lock:
-            return self._background or bool(self._observers)
+            return self._background or any(o in self._observers for o in observers)
 
     def _loop(self, resume: Callable[[], bool] | None = None) -> None:
         try:
@@ -273,15 +275,14 @@ class AdvancementActor:
             else:
                 if self._state is not ActorState.RUNNING:
                     return
-                self._settle_observers()
+                # Cleared before looking, so an observer, notify or stop that
+                # comes after the look still wakes the wait below.
+                self._wake.clear()
+                demand = self._settle_observers()
                 if self._state is not ActorState.RUNNING:
                     return
-                if not self._has_demand():
-                    self._wake.clear()
-                    # A stop between the state check and the clear would be
-                    # lost with the cleared wake: look again after clearing.
-                    if self._state is ActorState.RUNNING:
-                        self._clock.wait(self._wake, None)
+                if not demand:
+                    self._clock.wait(self._wake, None)
                     continue
                 self.steps_in_flight += 1
                 self.max_steps_in_flight = max(self.max_steps_in_flight, self.steps_in_flight)
@@ -308,7 +309,6 @@ class AdvancementActor:
                 backoff = self._idle_min
                 continue  # the step waited for work: look again at once
             self._settle_observers()
-            self._wake.clear()
             if self._state is not ActorState.RUNNING:
                 return
             self._clock.wait(self._wake, delay)
