@@ -253,7 +253,8 @@ class AdvancementActor:
                     self._remove(observer)
                     observer.settle(status, None)
         with self._lock:
-            return self._background or any(o in self._observers for o in observers)
+            waiting = {id(o) for o in self._observers}
+        return self._background or any(id(o) in waiting for o in observers)
 
     def _loop(self, resume: Callable[[], bool] | None = None) -> None:
         try:
