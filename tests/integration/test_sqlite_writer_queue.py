@@ -16,10 +16,13 @@ import signal
 import subprocess
 import sys
 import threading
+import time
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 
+from dagwerk.backends.errors import StoreBusyError
 from dagwerk.backends.sqlite import SqliteStore
 from dagwerk.models import DagNode
 from dagwerk.store import InvalidStoreValueError
@@ -112,6 +115,132 @@ def test_a_writer_killed_while_holding_the_lock_releases_it(tmp_path: Path) -> N
     store.close()
 
 
+def _release(proc: subprocess.Popen[str]) -> None:
+    assert proc.stdin is not None
+    proc.stdin.write("\n")
+    proc.stdin.flush()
+    proc.wait(10)
+
+
+def _free(lock: Path) -> bool:
+    """Whether another descriptor can take the lock right now."""
+    fd = os.open(lock, os.O_RDWR)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        return False
+    finally:
+        os.close(fd)  # closing the only descriptor drops its lock
+    return True
+
+
+def _until(predicate: Callable[[], bool], seconds: float = 10.0) -> bool:
+    deadline = time.monotonic() + seconds
+    while not predicate():
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.01)
+    return True
+
+
+def _busy_write(store: SqliteStore, run_id: str) -> list[BaseException]:
+    """Write in a thread (a wait without an end fails the test instead of
+    hanging it); the write must fail with a busy error."""
+    raised: list[BaseException] = []
+    done = threading.Event()
+
+    def write() -> None:
+        try:
+            store.create_run(run_id, [DagNode(slug="a", plugin="p")])
+        except BaseException as exc:
+            raised.append(exc)
+        done.set()
+
+    threading.Thread(target=write, daemon=True).start()
+    assert done.wait(10), "the writer waited past its busy timeout"
+    assert len(raised) == 1 and isinstance(raised[0], StoreBusyError), raised
+    return raised
+
+
+def test_a_writer_waits_no_longer_than_the_busy_timeout(tmp_path: Path) -> None:
+    """A peer alive but stopped while it holds the lock (Ctrl-Z on a worker)
+    must not hang every other writer: the wait ends at the busy timeout
+    with a busy error, and nothing is written."""
+    db = tmp_path / "q.db"
+    store = SqliteStore(str(db), busy_timeout=0.3)
+    store.create_run("r0", [DagNode(slug="a", plugin="p")])
+    lock = Path(f"{db}-dagwerk.lock")
+    holder = _holder(lock)
+    try:
+        raised = _busy_write(store, "r1")
+        assert "busy timeout (0.3 s)" in str(raised[0])
+        assert str(lock) in str(raised[0])
+        assert store.get_run("r1") is None
+        # The helper still queues for the lock; once the peer lets go, the
+        # next write gets it, and the abandoned wait does not keep it.
+        _release(holder)
+        store.create_run("r1", [DagNode(slug="a", plugin="p")])
+        assert store.get_run("r1") is not None
+        assert _until(lambda: _free(lock))
+    finally:
+        _finish(holder)
+    store.close()
+
+
+def test_an_abandoned_wait_lets_the_lock_go_when_it_gets_it(tmp_path: Path) -> None:
+    db = tmp_path / "q.db"
+    store = SqliteStore(str(db), busy_timeout=0.2)
+    store.create_run("r0", [DagNode(slug="a", plugin="p")])
+    lock = Path(f"{db}-dagwerk.lock")
+    holder = _holder(lock)
+    try:
+        _busy_write(store, "r1")
+        # Nobody in this process wants the lock any more: when the peer
+        # ends, the waiting helper takes it and lets it go at once.
+        _release(holder)
+        assert _until(lambda: _free(lock))
+    finally:
+        _finish(holder)
+    store.close()
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="needs fork")
+@pytest.mark.filterwarnings("ignore:.*fork.*:DeprecationWarning")
+def test_a_forked_child_closes_its_copies_of_the_lock_descriptors(tmp_path: Path) -> None:
+    """A copy shares the parent's lock: a child kept alive with one would
+    hold the lock after the parent died holding it."""
+    db = tmp_path / "q.db"
+    store = SqliteStore(str(db), busy_timeout=5.0)
+    lock = Path(f"{db}-dagwerk.lock")
+    store.create_run("r0", [DagNode(slug="a", plugin="p")])  # the direct descriptor
+    other = os.open(lock, os.O_RDWR)
+    fcntl.flock(other, fcntl.LOCK_EX)
+    done = _write_in_thread(store, "r1")  # contended: through the helper's descriptor
+    fcntl.flock(other, fcntl.LOCK_UN)
+    os.close(other)
+    assert done.wait(10)
+    queue = store._sqlite._queue
+    assert queue is not None and queue._fd is not None and queue._waiter is not None
+    inherited = [queue._fd, queue._waiter._fd]
+    pid = os.fork()
+    if pid == 0:  # pragma: no cover - the child
+        code = 1
+        try:
+            closed = 0
+            for fd in inherited:
+                try:
+                    os.fstat(fd)
+                except OSError:
+                    closed += 1
+            code = 0 if closed == len(inherited) else 2
+        finally:
+            os._exit(code)
+    _, status = os.waitpid(pid, 0)
+    assert os.waitstatus_to_exitcode(status) == 0
+    store.create_run("r2", [DagNode(slug="a", plugin="p")])  # the parent's are untouched
+    store.close()
+
+
 def test_an_in_memory_store_takes_no_side_lock(tmp_path: Path) -> None:
     store = SqliteStore(":memory:")
     store.create_run("r1", [DagNode(slug="a", plugin="p")])
@@ -153,6 +282,7 @@ def test_an_unknown_synchronous_value_is_a_typed_error_naming_the_field(tmp_path
 _OPENERS = 12
 _OPEN = """
 import os, sys, time
+from dagwerk.backends.errors import StoreBusyError
 from dagwerk.backends.sqlite import SqliteStore
 from dagwerk.models import DagNode
 go, db, n = sys.argv[1], sys.argv[2], sys.argv[3]

@@ -13,11 +13,6 @@ from __future__ import annotations
 
 import logging
 import os
-
-try:
-    import fcntl
-except ImportError:  # pragma: no cover - not on POSIX
-    fcntl = None  # type: ignore[assignment]
 import sqlite3
 import threading
 import time
@@ -36,6 +31,7 @@ from dagwerk.backends.errors import (
 from dagwerk.backends.sql.gateway import Params, Row, load_queries
 from dagwerk.backends.sqlite import _wake
 from dagwerk.backends.sqlite._checkpoint import Checkpointer
+from dagwerk.backends.sqlite._writer_queue import WriterQueue
 from dagwerk.errors import DagwerkError
 from dagwerk.store import InvalidStoreValueError, StoreContractError
 
@@ -196,8 +192,12 @@ class SqliteGateway:
         self._lock = threading.Lock()
         self._pid = os.getpid()
         self._conn: sqlite3.Connection | None = None
-        self._queue_fd: int | None = None
-        self._queue_pid = -1
+        # Writers queue in a kernel lock before BEGIN IMMEDIATE (_writer_queue.py).
+        self._queue = (
+            None
+            if self.in_memory or read_only
+            else WriterQueue(f"{path}-dagwerk.lock", busy_timeout)
+        )
         # WAL checkpoints run on a background thread (see _checkpoint.py).
         self.checkpointer = (
             None if self.in_memory or read_only else Checkpointer(os.path.realpath(path))
@@ -305,44 +305,6 @@ class SqliteGateway:
     @property
     def in_memory(self) -> bool:
         return self.path == ":memory:" or self.path.startswith("file::memory:")
-
-    def _writer_queue(self) -> int | None:
-        """Queue behind the other writers of this database in a kernel lock.
-
-        SQLite's own busy handler polls with sleeps of 1, 2, 5, 10 ... ms, so
-        a writer that finds the database locked by another process waits
-        far longer than the transaction it waits for (typically well under a
-        millisecond). Writers of this engine therefore first take an
-        exclusive ``flock`` on a side file (``<db>-dagwerk.lock``): the
-        kernel wakes the next writer as soon as one ends, and releases the
-        lock of a process that dies. ``BEGIN IMMEDIATE`` and the busy
-        timeout still guard against other programs writing the file. Returns
-        the locked descriptor; ``None`` (no queue) for an in-memory or
-        read-only database, or when the side file cannot be used.
-        """
-        fd = self._queue_fd
-        if fd is None or os.getpid() != self._queue_pid:
-            fd = self._open_queue()
-        if fd is None:
-            return None
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX)
-        except OSError:
-            return None
-        return fd
-
-    def _open_queue(self) -> int | None:
-        self._queue_fd = None
-        self._queue_pid = os.getpid()
-        if self.in_memory or self.read_only or fcntl is None:
-            return None
-        try:
-            self._queue_fd = os.open(
-                f"{self.path}-dagwerk.lock", os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600
-            )
-        except OSError:
-            return None
-        return self._queue_fd
 
     def _connect(self) -> sqlite3.Connection:
         target = self.path
@@ -594,7 +556,8 @@ class SqliteGateway:
     def _own_transaction(self, begin: str) -> Iterator[_Tx]:
         with self._lock:
             conn = self._connection()
-            queued = self._writer_queue() if begin == "BEGIN IMMEDIATE" else None
+            queue = self._queue if begin == "BEGIN IMMEDIATE" else None
+            queued = None if queue is None else queue.acquire()
             try:
                 try:
                     conn.execute(begin)
@@ -612,8 +575,8 @@ class SqliteGateway:
                     _rollback(conn)
                     raise translate_error(exc, "commit failed") from exc
             finally:
-                if queued is not None:
-                    fcntl.flock(queued, fcntl.LOCK_UN)
+                if queue is not None and queued is not None:
+                    queue.release(queued)
         if self.checkpointer is not None and begin == "BEGIN IMMEDIATE":
             self.checkpointer.committed()
         if tx.woke:
@@ -677,9 +640,8 @@ class SqliteGateway:
             if self._conn is not None and os.getpid() == self._pid:
                 self._conn.close()
             self._conn = None
-            if self._queue_fd is not None and os.getpid() == self._queue_pid:
-                os.close(self._queue_fd)
-            self._queue_fd = None
+            if self._queue is not None:
+                self._queue.close()
 
 
 class _InUnit:
