@@ -33,8 +33,8 @@ from dagwerk.models import (
     ExpressionSource,
     InputBinding,
     LiteralSource,
-    NodeDefinition,
     OutputRef,
+    PlanNode,
     RuntimeSource,
     SecretSource,
 )
@@ -123,7 +123,7 @@ def build_expression_lookup(
     return lookup
 
 
-def binding_evaluation_steps(node: NodeDefinition) -> int:
+def binding_evaluation_steps(node: PlanNode) -> int:
     """Evaluation steps of one plan's bindings (LM-07).
 
     Each binding counts one step, plus the reference lookups, ``list``
@@ -231,7 +231,7 @@ class PlanBindingResolver:
 
     def __init__(
         self,
-        node: NodeDefinition,
+        node: PlanNode,
         runtime_inputs: Mapping[str, JsonValue],
         *,
         field_cache: FieldValueCache | None = None,
@@ -351,7 +351,7 @@ class PlanBindingResolver:
 
 
 def resolve_plan_bindings(
-    node: NodeDefinition,
+    node: PlanNode,
     outputs_by_edge: Mapping[str, Sequence[OutputRef]],
     runtime_inputs: Mapping[str, JsonValue],
     *,

@@ -35,6 +35,7 @@ from dagwerk.models import (
     InputBinding,
     InputEdge,
     NodeDefinition,
+    PlanNode,
 )
 
 __all__ = [
@@ -336,7 +337,7 @@ def _check_node_shape(node: DagNode) -> InputMode:
 
 
 def find_binding_problem(
-    node: NodeDefinition, *, max_evaluations: int = DEFAULT_LIMITS.max_node_binding_evaluations
+    node: PlanNode, *, max_evaluations: int = DEFAULT_LIMITS.max_node_binding_evaluations
 ) -> BindingProblem | None:
     """The first binding problem of ``node`` (GV-12, LM-07), or ``None``.
 

@@ -74,6 +74,7 @@ __all__ = [
     "NodeLaunch",
     "OutputId",
     "OutputRef",
+    "PlanNode",
     "PlannedEdgeInput",
     "PlanningError",
     "PlanningSnapshot",
@@ -341,6 +342,12 @@ class NodeDefinition(Protocol):
     def correlation_mode(self) -> CorrelationMode: ...
 
 
+PlanNode: TypeAlias = NodeDefinition | DagNode
+"""What planning and binding resolution accept: a topology's frozen node, or
+a :class:`DagNode` as declared (an undeclared ``input_mode`` is then ALL for a
+root and an error for any other node)."""
+
+
 # --- outputs and plans ----------------------------------------------------
 
 
@@ -356,7 +363,10 @@ def _read_only_copy(value: object) -> Mapping[str, object]:
     return MappingProxyType(dict(value))
 
 
-OutputFields: TypeAlias = Annotated[FrozenDict, Field(default_factory=FrozenDict)]
+OutputFields: TypeAlias = FrozenDict
+"""Routing fields: a JSON object (each use defaults to an empty one with
+``Field(default_factory=FrozenDict)`` on the field itself, where type
+checkers see the default; inside ``Annotated`` they did not)."""
 ReadOnlyData: TypeAlias = Annotated[
     Mapping[str, object],
     PlainValidator(_read_only_copy),
@@ -369,7 +379,7 @@ class OutputRef(_FrozenModel):
     """Routing metadata of one published output."""
 
     id: OutputId
-    fields: OutputFields
+    fields: OutputFields = Field(default_factory=FrozenDict)
     correlation_id: OutputId | None = None
 
     @field_validator("fields")
@@ -433,7 +443,7 @@ class TaskInputPlan(_FrozenModel):
     schema_version: Annotated[Literal[1], PlainValidator(_schema_version)] = 1
     generation: StrictIndex
     edges: tuple[PlannedEdgeInput, ...] = Field(default=(), max_length=MAX_INPUT_EDGES_PER_NODE)
-    parameters: OutputFields
+    parameters: OutputFields = Field(default_factory=FrozenDict)
     secret_refs: SecretRefs = Field(default_factory=lambda: MappingProxyType({}))
     correlation_id: OutputId | None = None
 
@@ -481,7 +491,7 @@ class EmittedOutput(_FrozenModel):
     """An output reported by a worker: routing ``fields`` plus materialised ``data``."""
 
     id: OutputId
-    fields: OutputFields
+    fields: OutputFields = Field(default_factory=FrozenDict)
     data: ReadOnlyData = Field(default_factory=lambda: MappingProxyType({}))
 
     @field_validator("fields")
@@ -520,7 +530,7 @@ class ResolvedOutput(_FrozenModel):
     """A materialised output, as a worker receives it."""
 
     id: OutputId
-    fields: OutputFields
+    fields: OutputFields = Field(default_factory=FrozenDict)
     data: ReadOnlyData = Field(default_factory=lambda: MappingProxyType({}))
 
     @field_validator("fields")
@@ -533,7 +543,7 @@ class TaskInputs(_FrozenModel):
     """What a plugin receives: resolved outputs per edge and the plan's parameters."""
 
     edges: Mapping[str, tuple[ResolvedOutput, ...]]
-    parameters: OutputFields
+    parameters: OutputFields = Field(default_factory=FrozenDict)
 
 
 class PlanningSnapshot(_FrozenModel):
@@ -543,7 +553,7 @@ class PlanningSnapshot(_FrozenModel):
     generation: StrictIndex
     outputs_by_edge: Mapping[str, tuple[OutputRef, ...]]
     source_dispositions: Mapping[str, NodeDisposition]
-    runtime_inputs: OutputFields
+    runtime_inputs: OutputFields = Field(default_factory=FrozenDict)
 
 
 class NodeLaunch(_FrozenModel):

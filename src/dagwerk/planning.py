@@ -54,10 +54,10 @@ from dagwerk.json import (
 from dagwerk.limits import DEFAULT_LIMITS, Limits
 from dagwerk.models import (
     InputEdge,
-    NodeDefinition,
     OutputRef,
     PlannedEdgeInput,
     PlanningSnapshot,
+    PlanNode,
     TaskInputPlan,
 )
 
@@ -95,7 +95,7 @@ class PlanConstruction:
 # --- correlation ----------------------------------------------------------
 
 
-def resolve_correlation_mode(node: NodeDefinition, *, is_root: bool) -> CorrelationMode:
+def resolve_correlation_mode(node: PlanNode, *, is_root: bool) -> CorrelationMode:
     """The effective correlation mode of ``node`` (CR-01).
 
     An explicit mode wins. ``DEFAULT`` is NEW for a root, INHERIT for EACH
@@ -112,7 +112,7 @@ def resolve_correlation_mode(node: NodeDefinition, *, is_root: bool) -> Correlat
 
 
 def correlation_id_for_output(
-    node: NodeDefinition,
+    node: PlanNode,
     *,
     is_root: bool,
     task_correlation_id: str | None,
@@ -136,7 +136,7 @@ def correlation_id_for_output(
     return task_correlation_id
 
 
-def _inherit_error(node: NodeDefinition) -> PlanningError:
+def _inherit_error(node: PlanNode) -> PlanningError:
     return PlanningError(
         f"node {node.slug!r} uses INHERIT but the task has no correlation ID",
         code="correlation_missing",
@@ -147,7 +147,7 @@ def _inherit_error(node: NodeDefinition) -> PlanningError:
 
 
 def _check_shape(
-    node: NodeDefinition,
+    node: PlanNode,
     names: tuple[str, ...],
     snapshot: PlanningSnapshot,
     source_indices: Mapping[str, int],
@@ -193,9 +193,7 @@ def _check_shape(
             )
 
 
-def _source_disposition(
-    node: NodeDefinition, snapshot: PlanningSnapshot
-) -> PlanConstruction | None:
+def _source_disposition(node: PlanNode, snapshot: PlanningSnapshot) -> PlanConstruction | None:
     """IM-08: FAILED on any edge, then required SKIPPED, then required FILTERED."""
     dispositions = snapshot.source_dispositions
     for edge in node.edges:
@@ -314,7 +312,7 @@ class _PlanBuilder:
 
     def __init__(
         self,
-        node: NodeDefinition,
+        node: PlanNode,
         *,
         source_indices: Mapping[str, int],
         snapshot: PlanningSnapshot,
@@ -479,7 +477,7 @@ def _failed(error: str) -> PlanConstruction:
 
 
 def construct_task_plans(
-    node: NodeDefinition,
+    node: PlanNode,
     *,
     source_indices: Mapping[str, int],
     snapshot: PlanningSnapshot,
@@ -514,7 +512,7 @@ def construct_task_plans(
 
 
 def _construct(
-    node: NodeDefinition,
+    node: PlanNode,
     *,
     source_indices: Mapping[str, int],
     snapshot: PlanningSnapshot,

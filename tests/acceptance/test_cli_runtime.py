@@ -263,4 +263,5 @@ def test_the_worker_command_freezes_its_start_up_heap(cli: Cli, tmp_path: Path) 
         result = engine.result(run_id)
     assert result.ok, result.error
     (output,) = result.outputs["probe"]
-    assert output.fields["frozen"] > 1000
+    frozen = output.fields["frozen"]
+    assert isinstance(frozen, int) and frozen > 1000, frozen

@@ -11,6 +11,7 @@ public name or signature breaks this test.
 from __future__ import annotations
 
 import textwrap
+from collections.abc import Callable
 from typing import Any
 
 import pytest
@@ -116,7 +117,7 @@ def _claim_function(namespace: dict[str, Any]) -> Any:
     return namespace["handle"]
 
 
-OUTPUTS = {
+OUTPUTS: dict[str, Callable[[str], tuple[EmittedOutput, ...]]] = {
     "load": lambda task_id: (
         EmittedOutput(id=f"{task_id}/r1", fields={"title": "First"}, data={"path": "/in/1.json"}),
         EmittedOutput(id=f"{task_id}/r2", fields={"title": "Second"}, data={"path": "/in/2.json"}),
@@ -198,7 +199,7 @@ def test_seed_001_examples_run_against_the_memory_store(
     assert "/in/1.json" in out[0]
     transform_tasks = [t for t in store.list_tasks("run-1") if t.node_index == 2]
     assert len(transform_tasks) == 2
-    assert sorted(t.plan.parameters["title"] for t in transform_tasks) == ["First", "Second"]
+    assert sorted(str(t.plan.parameters["title"]) for t in transform_tasks) == ["First", "Second"]
     (publish,) = [t for t in store.list_tasks("run-1") if t.node_index == 3]
     assert publish.resumed_from_wait_id == "approval-1"
     edges = {edge.edge: edge.output_ids for edge in publish.plan.edges}

@@ -78,7 +78,7 @@ def fuzz_pipeline_file(data: bytes) -> None:
     """Parse arbitrary text as a YAML and as a JSON pipeline file."""
     text = _text(data)
     for source_format in ("yaml", "json"):
-        with contextlib.suppress(DOCUMENTED_ERRORS):
+        with contextlib.suppress(*DOCUMENTED_ERRORS):
             parse_pipeline(text, source=f"fuzz.{source_format}", source_format=source_format)
 
 

@@ -8,6 +8,7 @@ come out, each call within the time bound.
 from __future__ import annotations
 
 import math
+from functools import partial
 from typing import Any
 
 import pytest
@@ -69,7 +70,7 @@ def test_extreme_values_give_documented_outcomes(label: str, value: object) -> N
 
 def test_deep_nesting_is_refused_at_the_depth_limit_without_recursion() -> None:
     for value in (deep_list(100_000), deep_dict(100_000)):
-        result = bounded(lambda value=value: freeze_json(value))
+        result = bounded(partial(freeze_json, value))
         assert isinstance(result, Rejected)
         assert isinstance(result.error, JsonLimitError)
         assert result.error.code == "json_too_deep"
@@ -79,7 +80,7 @@ def test_deep_nesting_is_refused_at_the_depth_limit_without_recursion() -> None:
 
 def test_non_finite_numbers_are_refused_and_negative_zero_is_kept() -> None:
     for value in (1e308 * 10, -math.inf, float("nan")):
-        assert isinstance(bounded(lambda value=value: freeze_json(value)), Rejected)
+        assert isinstance(bounded(partial(freeze_json, value)), Rejected)
     frozen = freeze_json(-0.0)
     assert isinstance(frozen, float) and math.copysign(1.0, frozen) == -1.0
     assert canonical_json_bytes(-0.0) == b"-0.0"
@@ -135,7 +136,7 @@ def test_huge_integer_run_input_is_measured_not_rendered() -> None:
 
 def test_ten_megabyte_run_input_is_refused_by_size() -> None:
     for defaults, supplied in (({}, {"k": TEN_MB}), ({"k": TEN_MB}, {})):
-        outcome = bounded(lambda d=defaults, s=supplied: merge_run_input([], d, s))
+        outcome = bounded(partial(merge_run_input, [], defaults, supplied))
         assert isinstance(outcome, Rejected)
         assert isinstance(outcome.error, RunInputError)
         assert "262144-byte limit" in str(outcome.error)

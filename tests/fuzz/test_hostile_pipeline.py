@@ -10,6 +10,7 @@ output fields give a result or ``PlanningError``.
 from __future__ import annotations
 
 import copy
+from functools import partial
 from typing import Any
 
 import pydantic
@@ -89,7 +90,7 @@ _KEYS = st.sampled_from(
         "default",
     ]
 )
-_NASTY = st.sampled_from(
+_NASTY: st.SearchStrategy[str] = st.sampled_from(
     [
         "",
         "\x00",
@@ -141,7 +142,7 @@ def _mutate(data: Any, path: list[Any], value: Any) -> Any:
 def _check_pipeline(raw_nodes: list[Any]) -> None:
     nodes: list[DagNode] = []
     for raw in raw_nodes:
-        node = bounded(lambda raw=raw: DagNode.model_validate(raw))
+        node = bounded(partial(DagNode.model_validate, raw))
         if isinstance(node, Rejected):
             assert isinstance(node.error, pydantic.ValidationError)
             return
@@ -228,9 +229,9 @@ def test_deep_chain_of_nodes_is_validated_without_recursion() -> None:
             slug="n0", plugin="p", input_mode="each", edges=({"name": "up", "source": "n2999"},)
         ),
     ]
-    outcome = bounded(lambda: validate_graph(cyclic))
-    assert isinstance(outcome, Rejected)
-    assert isinstance(outcome.error, GraphValidationError)
+    refused = bounded(lambda: validate_graph(cyclic))
+    assert isinstance(refused, Rejected)
+    assert isinstance(refused.error, GraphValidationError)
 
 
 # --- filters and selection ---------------------------------------------------------------
@@ -277,7 +278,7 @@ def test_filters_and_selection_give_documented_errors(
     valid_rules = tuple(rule for rule in built if isinstance(rule, FilterRule))
     outputs: list[OutputRef] = []
     for index, item in enumerate(fields):
-        output = bounded(lambda index=index, item=item: OutputRef(id=f"o{index}", fields=item))
+        output = bounded(partial(OutputRef, id=f"o{index}", fields=item))
         if isinstance(output, OutputRef):
             outputs.append(output)
     kept = bounded(lambda: apply_filter(outputs, EdgeFilter(rules=valid_rules)))
@@ -297,6 +298,11 @@ def test_filters_and_selection_give_documented_errors(
                 assert len(picked) <= chosen.limit
 
 
+def _filter_by(outputs: list[OutputRef], operator: str, value: object) -> list[OutputRef]:
+    rule = FilterRule.model_validate({"field": "f", "operator": operator, "value": value})
+    return list(apply_filter(outputs, EdgeFilter(rules=(rule,))))
+
+
 def test_huge_numbers_compare_exactly_and_fast() -> None:
     outputs = [
         OutputRef(id="big", fields={"f": 10**4000}),
@@ -305,12 +311,7 @@ def test_huge_numbers_compare_exactly_and_fast() -> None:
     ]
     for operator in ("gt", "gte", "lt", "lte", "eq", "contains", "starts_with", "in"):
         for value in (HUGE_INT, "1e-999999999", "9" * 100_000, "\x00", -0.0):
-            outcome = bounded(
-                lambda operator=operator, value=value: apply_filter(
-                    outputs,
-                    EdgeFilter(rules=(FilterRule(field="f", operator=operator, value=value),)),
-                )
-            )
+            outcome = bounded(partial(_filter_by, outputs, operator, value))
             assert not isinstance(outcome, Rejected) or isinstance(outcome.error, DagwerkError)
     kept = apply_filter(
         outputs, EdgeFilter(rules=(FilterRule(field="f", operator="gt", value=HUGE_INT),))

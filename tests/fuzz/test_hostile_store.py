@@ -10,6 +10,7 @@ leaves the store's public state exactly as it was (compared by
 
 from __future__ import annotations
 
+from functools import partial
 from typing import Any
 
 import pydantic
@@ -58,7 +59,7 @@ def _running_task(store: MemoryStore) -> tuple[str, str]:
 def _emitted(raw: list[Any]) -> tuple[EmittedOutput, ...] | None:
     outputs = []
     for item in raw:
-        built = bounded(lambda item=item: EmittedOutput.model_validate(item))
+        built = bounded(partial(EmittedOutput.model_validate, item))
         if isinstance(built, Rejected):
             assert isinstance(built.error, pydantic.ValidationError)
             return None

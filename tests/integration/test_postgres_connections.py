@@ -11,7 +11,8 @@ from __future__ import annotations
 import threading
 import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Generator, Iterator
+from typing import Any
 
 import psycopg
 import pytest
@@ -161,12 +162,12 @@ def test_an_idle_wait_blocks_in_the_kernel_not_in_a_polling_loop(
     from psycopg import connection
 
     reads = 0
-    original = connection.notifies
+    original = vars(connection)["notifies"]  # psycopg.generators.notifies, as imported there
 
-    def counted(pgconn: object) -> object:
+    def counted(pgconn: Any) -> Generator[Any, Any, Any]:
         nonlocal reads
-        generator = original(pgconn)  # type: ignore[arg-type]
-        ready = None
+        generator = original(pgconn)
+        ready: Any = None
         try:
             while True:
                 reads += 1

@@ -27,6 +27,12 @@ RUN_ID = "run-1"
 OUTPUTS = 2_000
 
 
+def _row(cursor: psycopg.Cursor[Any]) -> Any:
+    row = cursor.fetchone()
+    assert row is not None
+    return row
+
+
 def _filters(plan: dict[str, Any]) -> Iterator[str]:
     for key in ("Filter", "Join Filter"):
         if key in plan:
@@ -54,7 +60,7 @@ def test_a_long_id_list_is_joined_not_scanned_per_row(
         params = {"run_id": RUN_ID, "ids": wanted}
         rows = conn.execute(QUERIES[name].main, params).fetchall()
         assert len(rows) == OUTPUTS // 2  # each wanted output once, duplicates folded
-        (plan,) = conn.execute(b"EXPLAIN (FORMAT JSON) " + QUERIES[name].main, params).fetchone()
+        (plan,) = _row(conn.execute(b"EXPLAIN (FORMAT JSON) " + QUERIES[name].main, params))
         filters = list(_filters(plan[0]["Plan"]))
         assert not [f for f in filters if "ANY" in f], filters
         # The gateway's connections keep one generic plan per statement
@@ -80,9 +86,11 @@ def _generic_plan(conn: psycopg.Connection[Any], query: bytes, params: dict[str,
     try:
         # The arguments as literals: EXPLAIN cannot type parameters of its own.
         arguments = sql.SQL(", ").join(sql.Literal(params[name]) for name in order)
-        (plan,) = conn.execute(
-            sql.SQL("EXPLAIN (FORMAT JSON) EXECUTE generic_probe ({})").format(arguments)
-        ).fetchone()
+        (plan,) = _row(
+            conn.execute(
+                sql.SQL("EXPLAIN (FORMAT JSON) EXECUTE generic_probe ({})").format(arguments)
+            )
+        )
     finally:
         conn.execute("DEALLOCATE generic_probe")
         conn.execute("RESET plan_cache_mode")
@@ -124,16 +132,14 @@ def test_stopping_a_run_finds_its_queue_rows_without_reading_every_task(
             "'default', 0, 0 FROM dagwerk_tasks AS t WHERE t.task_id IN ('t1', 't2', 't3')"
         )
         # No ANALYZE: the plans of a fresh table, as a new store's are.
-        (queued,) = conn.execute("SELECT count(*) FROM dagwerk_deliveries").fetchone()
+        (queued,) = _row(conn.execute("SELECT count(*) FROM dagwerk_deliveries"))
         assert queued == 4  # with the root task's
         params = {"run_id": RUN_ID, "node_index": None}
         for statement in (
             QUERIES["waits_invalidate_active"].preludes[0],
             QUERIES["deliveries_drop_active"].main,
         ):
-            (plan,) = conn.execute(
-                b"EXPLAIN (ANALYZE, FORMAT JSON) " + statement, params
-            ).fetchone()
+            (plan,) = _row(conn.execute(b"EXPLAIN (ANALYZE, FORMAT JSON) " + statement, params))
             # At most one task per queue row of the run, not every task.
             assert _rows_read(plan[0]["Plan"], "dagwerk_tasks") <= queued, plan
         left = conn.execute("SELECT task_id FROM dagwerk_deliveries ORDER BY task_id").fetchall()

@@ -30,10 +30,10 @@ from dagwerk.backends.errors import StoreUnavailableError
 from dagwerk.backends.postgres import PostgresStore
 from dagwerk.backends.postgres import gateway as pg_gateway
 from dagwerk.constants import RunStatus, TaskStatus
+from dagwerk.models import EmittedOutput
 from dagwerk.orchestrator import reconcile_run
 from dagwerk.store import (
     CompletionRequest,
-    EmittedOutput,
     InvalidStoreValueError,
     StoreContractError,
     TaskCompletionResult,

@@ -36,7 +36,7 @@ from dagwerk.backends.postgres import gateway as pg_gateway
 from dagwerk.backends.postgres._set_writes import load_set_writes
 from dagwerk.backends.postgres._statements import statement_params
 from dagwerk.backends.postgres.gateway import QUERIES, SET_WRITES
-from dagwerk.constants import TaskStatus
+from dagwerk.constants import RunStatus, TaskStatus
 from dagwerk.models import EmittedOutput
 from dagwerk.orchestrator import reconcile_run
 from dagwerk.store import (
@@ -176,7 +176,7 @@ def make_store(postgres_url: str) -> Iterator[Callable[..., PostgresStore]]:
         )
         ids = itertools.count()
         store._new_id = lambda: f"id-{next(ids):06d}"  # type: ignore[method-assign]
-        store._new_ids = lambda n: [store._new_id() for _ in range(n)]  # type: ignore[method-assign]
+        store._new_ids = lambda count: [store._new_id() for _ in range(count)]  # type: ignore[method-assign]
         opened.append(store)
         return store
 
@@ -651,7 +651,9 @@ def test_rows_that_share_a_key_run_per_row_in_order(
                 ],
             )
 
-    _, (revisions, statuses, counts) = _both(make_store, _started, twice)  # type: ignore[misc]
+    _, done = _both(make_store, _started, twice)
+    assert isinstance(done, tuple), done
+    revisions, statuses, counts = done
     assert statuses == ["failed"]
     assert counts == [2]
     assert dict(revisions)[1] == 2
@@ -806,7 +808,7 @@ def test_a_failing_set_statement_fails_its_transaction_with_its_own_type(
         tx.run("run_set_status", {"run_id": "run-1", "old": "running", "new": "pending"})
         tx.many("task_insert", [{**row, "task_id": "fresh"}, row])
     assert "constraint" in str(caught.value)
-    assert store.get_run_status("run-1").value == "running"
+    assert store.get_run_status("run-1") is RunStatus.RUNNING
     assert [t.task_id for t in store.list_tasks("run-1")] == [task.task_id]
 
 

@@ -23,7 +23,7 @@ def test_a_store_dropped_without_close_closes_its_connection_when_collected(
     db = tmp_path / "db.sqlite"
     store = SqliteStore(str(db))
     assert store.create_run("r1", _NODES)
-    connection = store._gw._conn
+    connection = store._sqlite._conn
     assert connection is not None
     del store
     gc.collect()
@@ -35,7 +35,7 @@ def test_a_store_dropped_without_close_closes_its_connection_when_collected(
 
 def test_close_closes_the_connection_once(tmp_path: Path) -> None:
     store = SqliteStore(str(tmp_path / "db.sqlite"))
-    connection = store._gw._conn
+    connection = store._sqlite._conn
     assert connection is not None
     store.close()
     store.close()  # idempotent

@@ -57,7 +57,7 @@ def test_sqlite_offers_units_of_work_and_memory_does_not(db: Path) -> None:
 def test_savepoint_journals_stay_in_memory(db: Path) -> None:
     # A joined call's savepoint journals the pages it changes; on a temporary
     # file (SQLite's default past 64 KiB) a batch's writes cost ~3x more.
-    with SqliteStore(str(db)) as store, store._gw.read() as tx:
+    with SqliteStore(str(db)) as store, store._sqlite.read() as tx:
         assert tx._conn.execute("PRAGMA temp_store").fetchone()[0] == 2  # MEMORY
 
 

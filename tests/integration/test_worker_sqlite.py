@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from test_worker_memory import NODES, _registry, _start  # type: ignore[import-not-found]
+from test_worker_memory import NODES, _registry, _start
 
 from dagwerk.backends.sqlite.store import SqliteStore
 from dagwerk.constants import RunStatus
@@ -24,7 +24,7 @@ def test_example_pipeline_completes_on_sqlite(tmp_path: Path, concurrency: int) 
     worker = Worker(
         store, _registry(), concurrency=concurrency, clock=clock, execution_root=tmp_path
     )
-    _start(store, "run-1", NODES, titles=["alpha", "beta", "gamma"])  # type: ignore[arg-type]
+    _start(store, "run-1", NODES, titles=["alpha", "beta", "gamma"])
     assert worker.run_until_idle() == 6
     assert store.get_run_status("run-1") is RunStatus.COMPLETED
     (page_id,) = store.get_output_ids("run-1", 3)
@@ -46,7 +46,7 @@ def test_retry_succeeds_on_the_third_attempt_on_sqlite(tmp_path: Path) -> None:
     clock = FakeClock()
     store = SqliteStore(str(tmp_path / "dag.db"), clock=clock.time)
     worker = Worker(store, registry, clock=clock, execution_root=tmp_path)
-    _start(store, "run-r", [DagNode(slug="a", plugin="flaky")])  # type: ignore[arg-type]
+    _start(store, "run-r", [DagNode(slug="a", plugin="flaky")])
     for _ in range(3):
         worker.run_until_idle()
         clock.advance(60)

@@ -26,6 +26,7 @@ from click.testing import CliRunner, Result
 from dagwerk.cli.app import cli
 from dagwerk.constants import InputMode, RunStatus, TaskStatus
 from dagwerk.engine import Engine, RunNotFoundError
+from dagwerk.json import FrozenDict
 from dagwerk.models import DagNode, EdgeSource, EmittedOutput, InputEdge, TaskInputs
 from dagwerk.runtime.context import TaskContext
 
@@ -92,7 +93,7 @@ def _engine(url: str, tmp_path: Path) -> Engine:
         if ctx.resumed_from_wait_id is None:
             ctx.wait(_wait_id(n))
         response = ctx.wait_response
-        assert response is not None
+        assert isinstance(response, FrozenDict), response
         return {"n": n, "echo": response[H], "wait": ctx.resumed_from_wait_id}
 
     return engine

@@ -16,6 +16,8 @@ import ast
 import re
 from pathlib import Path
 
+import pytest
+
 BACKENDS = Path(__file__).resolve().parents[2] / "src" / "dagwerk" / "backends"
 EXECUTORS = {"execute", "executemany", "executescript", "script"}
 SQL_WORDS = re.compile(
@@ -99,7 +101,7 @@ def _findings() -> tuple[list[str], set[tuple[str, str]]]:
                     used.add(key)
                     continue
                 problems.append(f"{rel}:{node.lineno}: {node.func.attr}({key[1]})")
-            built = None
+            built: ast.expr | None = None
             if (
                 isinstance(node, ast.JoinedStr)
                 and any(isinstance(v, ast.FormattedValue) for v in node.values)
@@ -131,7 +133,7 @@ def test_every_allowed_exception_still_exists() -> None:
     assert sorted(set(ALLOWED) - used) == []
 
 
-def test_the_scan_catches_interpolated_sql(tmp_path: Path) -> None:
+def test_the_scan_catches_interpolated_sql(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """The scanner itself: an f-string, a % and a .format statement are found."""
     import sys
 
@@ -145,10 +147,6 @@ def test_the_scan_catches_interpolated_sql(tmp_path: Path) -> None:
         '    conn.execute("UPDATE t SET a = {}".format(run_id))\n'
         "    conn.execute(QUERIES['ok'], {'run_id': run_id})\n"
     )
-    original = module.BACKENDS
-    module.BACKENDS = tmp_path / "backends"
-    try:
-        problems, _ = _findings()
-    finally:
-        module.BACKENDS = original
+    monkeypatch.setattr(module, "BACKENDS", tmp_path / "backends")
+    problems, _ = _findings()
     assert len([p for p in problems if "execute(" in p]) == 3, problems

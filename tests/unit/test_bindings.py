@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 from types import MappingProxyType
 
 import pytest
@@ -54,7 +55,7 @@ def resolve(
     *,
     base: dict[str, object] | None = None,
     budget: EvaluationBudget | None = None,
-) -> tuple[FrozenDict, object]:
+) -> tuple[FrozenDict, Mapping[str, str]]:
     edges = tuple(outputs) if outputs else ("items",)
     return resolve_plan_bindings(
         node(bindings, edges=edges),

@@ -130,7 +130,7 @@ def test_a_plain_dag_node_copy_equals_a_validated_one_and_stays_independent() ->
 _EDGE_NAME_MODELS: tuple[Callable[[str], object], ...] = (
     lambda name: InputEdge(name=name, source="source"),
     lambda name: EdgeSource(edge=name, field="value"),
-    lambda name: PlannedEdgeInput(edge=name, source_index=0, role="main"),  # type: ignore[arg-type]
+    lambda name: PlannedEdgeInput(edge=name, source_index=0, role="main"),
 )
 
 
@@ -198,7 +198,7 @@ _ID_CONSTRUCTORS: tuple[Callable[[str], Any], ...] = (
     lambda value: ResolvedOutput(id=value),
     lambda value: PlannedEdgeInput(
         edge="records", source_index=0, role="main", output_ids=(value,)
-    ),  # type: ignore[arg-type]
+    ),
     lambda value: TaskInputPlan(generation=1, correlation_id=value),
 )
 
@@ -233,12 +233,12 @@ def test_cr_04_correlation_ids_must_not_be_empty_even_through_model_copy(model: 
 def test_cr_04_ids_are_strings_only(value: object) -> None:
     if value is None:
         with pytest.raises(ValidationError):
-            OutputRef(id=value)  # type: ignore[arg-type]
+            OutputRef(id=value)
         return
     with pytest.raises(ValidationError):
-        OutputRef(id=value)  # type: ignore[arg-type]
+        OutputRef(id=value)
     with pytest.raises(ValidationError):
-        OutputRef(id="output", correlation_id=value)  # type: ignore[arg-type]
+        OutputRef(id="output", correlation_id=value)
 
 
 # --- LM-30 ------------------------------------------------------------------
@@ -259,20 +259,20 @@ def _launch(**changes: Any) -> NodeLaunch:
 
 
 _STRUCTURAL_INTEGERS: tuple[Callable[[object], object], ...] = (
-    lambda v: Selection(field="score", limit=v),  # type: ignore[arg-type]
-    lambda v: PlannedEdgeInput(edge="records", source_index=v, role="main"),  # type: ignore[arg-type]
-    lambda v: TaskInputPlan(generation=v),  # type: ignore[arg-type]
+    lambda v: Selection(field="score", limit=v),
+    lambda v: PlannedEdgeInput(edge="records", source_index=v, role="main"),
+    lambda v: TaskInputPlan(generation=v),
     lambda v: TaskInputPlan.model_validate({"schema_version": v, "generation": 1}),
     lambda v: PlanningSnapshot(
         token="t",
-        generation=v,  # type: ignore[arg-type]
+        generation=v,
         outputs_by_edge={},
         source_dispositions={},
     ),
     lambda v: _launch(node_index=v),
     lambda v: _launch(generation=v),
-    lambda v: TaskContext(run_id="run", node_index=v, generation=1),  # type: ignore[arg-type]
-    lambda v: TaskContext(run_id="run", node_index=0, generation=v),  # type: ignore[arg-type]
+    lambda v: TaskContext(run_id="run", node_index=v, generation=1),
+    lambda v: TaskContext(run_id="run", node_index=0, generation=v),
 )
 
 
@@ -396,7 +396,7 @@ def test_filter_rule_and_selection_fields_must_not_be_empty() -> None:
     with pytest.raises(ValidationError):
         Selection(field="")
     with pytest.raises(ValidationError):
-        FilterRule(field="f", operator="approximately")  # type: ignore[arg-type]
+        FilterRule(field="f", operator="approximately")
 
 
 # --- LM-05 / LM-06 ---------------------------------------------------------------
@@ -410,7 +410,7 @@ def test_lm_05_nodes_and_plans_hold_at_most_64_edges() -> None:
         DagNode(slug="n", plugin="p", edges=edges)
 
     planned = [
-        PlannedEdgeInput(edge=f"edge_{i}", source_index=0, role="main")  # type: ignore[arg-type]
+        PlannedEdgeInput(edge=f"edge_{i}", source_index=0, role="main")
         for i in range(MAX_INPUT_EDGES_PER_NODE + 1)
     ]
     assert len(TaskInputPlan(generation=1, edges=planned[:-1]).edges) == 64
@@ -498,7 +498,7 @@ def test_model_copy_revalidates_and_freezes_updates() -> None:
     plan = TaskInputPlan(generation=1).model_copy(update={"parameters": {"n": {"v": [1]}}})
     assert isinstance(plan.parameters["n"], FrozenDict)
     with pytest.raises(TypeError, match="immutable"):
-        plan.parameters["n"] |= {"changed": True}  # type: ignore[operator]
+        plan.parameters["n"] |= {"changed": True}
 
     with pytest.raises(ValidationError):
         OutputRef(id="output").model_copy(update={"id": ""})
@@ -538,11 +538,11 @@ def test_task_plan_secret_refs_are_a_read_only_copy() -> None:
 
 
 def test_task_plans_reject_duplicate_edges_and_output_ids() -> None:
-    edge = PlannedEdgeInput(edge="records", source_index=0, role="main", output_ids=("a",))  # type: ignore[arg-type]
+    edge = PlannedEdgeInput(edge="records", source_index=0, role="main", output_ids=("a",))
     with pytest.raises(ValidationError, match="edge names must be unique"):
         TaskInputPlan(generation=1, edges=(edge, edge))
     with pytest.raises(ValidationError, match="duplicate output IDs"):
-        PlannedEdgeInput(edge="records", source_index=0, role="main", output_ids=("a", "a"))  # type: ignore[arg-type]
+        PlannedEdgeInput(edge="records", source_index=0, role="main", output_ids=("a", "a"))
     # The same output may appear on different edges.
     other = edge.model_copy(update={"edge": "again"})
     assert TaskInputPlan(generation=1, edges=(edge, other)).edges[1].output_ids == ("a",)
@@ -557,7 +557,7 @@ def test_output_data_is_a_read_only_copy(model: type[Any]) -> None:
     assert dict(output.data) == {"path": "/tmp/x", "rows": [1, 2]}
     assert isinstance(output.data, MappingProxyType)
     with pytest.raises(TypeError):
-        output.data["path"] = "changed"
+        output.data["path"] = "changed"  # type: ignore[index]
     # Data is not routing JSON: any Python value is kept, and not size-limited.
     marker = object()
     assert model(id="o", data={"handle": marker}).data["handle"] is marker

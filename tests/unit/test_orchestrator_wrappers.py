@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, TypedDict
 
 import pytest
 
@@ -86,7 +86,12 @@ def _lying(result: object) -> StoreProxy:
     )
 
 
-REQUEST = {"expected_attempt_id": "a", "expected_generation": 0}
+class _Request(TypedDict):
+    expected_attempt_id: str
+    expected_generation: int
+
+
+REQUEST: _Request = {"expected_attempt_id": "a", "expected_generation": 0}
 
 
 @pytest.mark.parametrize(

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import gc
 import re
+from collections.abc import Mapping
 
 import pytest
 from hypothesis import given, settings
@@ -57,7 +58,7 @@ def output(output_id: str, correlation_id: str | None = "c1", **fields: object) 
 
 
 def snapshot(
-    outputs_by_edge: dict[str, tuple[OutputRef, ...]],
+    outputs_by_edge: Mapping[str, tuple[OutputRef, ...]],
     *,
     dispositions: dict[str, NodeDisposition] | None = None,
     runtime: dict[str, object] | None = None,
@@ -92,7 +93,7 @@ def consumer(
 
 def plan(
     node: DagNode,
-    outputs_by_edge: dict[str, tuple[OutputRef, ...]],
+    outputs_by_edge: Mapping[str, tuple[OutputRef, ...]],
     *,
     limits: Limits | None = None,
     **kwargs: object,
@@ -506,7 +507,10 @@ def test_im_10_repeated_ids_must_share_the_same_representation(
     """IM-10/JS-02: int vs float, 0.0 vs -0.0 and key order are conflicts."""
     result = plan(
         two_edges(),
-        {"items": (output("id", **first),), "extra": (output("id", **second),)},
+        {
+            "items": (OutputRef(id="id", fields=first, correlation_id="c1"),),
+            "extra": (OutputRef(id="id", fields=second, correlation_id="c1"),),
+        },
     )
     assert_failed(result, "conflicting values for output 'id'")
 

@@ -43,6 +43,11 @@ class FakeRuns:
                 self.active -= 1
 
 
+def _state(actor: AdvancementActor) -> ActorState:
+    """The actor's state, read afresh (not narrowed by an earlier assert)."""
+    return actor.state
+
+
 def _waiter(
     actor: AdvancementActor, run_id: str, results: list[object], **kw: object
 ) -> threading.Thread:
@@ -185,7 +190,10 @@ def test_aa_05_a_throwing_step_is_logged_and_retried(caplog: pytest.LogCaptureFi
         calls.append(1)
         if len(calls) < 3:
             raise RuntimeError("queue down")
-        return runs.step() if runs.to_finish else (runs.to_finish.append("r") or True)
+        if runs.to_finish:
+            return runs.step()
+        runs.to_finish.append("r")
+        return True
 
     actor = AdvancementActor(step, runs.read, error_backoff=0.001)
     with caplog.at_level(logging.ERROR, logger="dagwerk.runtime.actor"):
@@ -224,7 +232,7 @@ def test_aa_07_lifecycle_is_terminal_and_stop_waits_only_for_the_step_in_flight(
         actor.wait_for_run("r")
     release.set()
     stopper.join(30)
-    assert actor.state is ActorState.STOPPED
+    assert _state(actor) is ActorState.STOPPED
     actor.stop()  # idempotent
     with pytest.raises(RunAdvancementStoppedError):
         actor.start()
@@ -305,7 +313,7 @@ def test_a_stuck_step_handed_over_goes_on_in_a_new_thread_and_the_old_one_leaves
         return True
 
     previous_hook = threading.excepthook
-    threading.excepthook = lambda args: escaped.append(args.exc_value)  # type: ignore[assignment,misc,arg-type]
+    threading.excepthook = lambda args: escaped.append(args.exc_value)  # type: ignore[arg-type]
     actor = AdvancementActor(
         step, FakeRuns().read, background=True, idle_backoff_min=0.001, idle_backoff_max=0.005
     )
@@ -329,7 +337,7 @@ def test_a_stuck_step_handed_over_goes_on_in_a_new_thread_and_the_old_one_leaves
         release.set()
         actor.stop(30)
         threading.excepthook = previous_hook
-    assert actor.state is ActorState.STOPPED
+    assert _state(actor) is ActorState.STOPPED
     wait_until(lambda: not rests[0].is_alive(), "the loop thread's end")
     assert actor.steps_in_flight == 0
 

@@ -134,7 +134,7 @@ def test_retry_policy_respects_attempts_types_and_non_retryable() -> None:
 def test_retry_policy_validates_settings() -> None:
     for kwargs in ({"max_attempts": 0}, {"backoff_base": -1}, {"backoff_max": 0.5}):
         with pytest.raises(RetryPolicyError):
-            RetryPolicy(**kwargs)  # type: ignore[arg-type]
+            RetryPolicy(**kwargs)
     with pytest.raises(RetryPolicyError):
         RetryPolicy().next_delay(0)
 

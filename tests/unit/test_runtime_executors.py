@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from dagwerk.models import ResolvedOutput, TaskInputs
-from dagwerk.runtime.clock import FakeClock, SystemClock
+from dagwerk.runtime.clock import Clock, FakeClock, SystemClock
 from dagwerk.runtime.context import TaskContext
 from dagwerk.runtime.executors import (
     AsyncExecutor,
@@ -49,7 +49,7 @@ def _ctx(signal: AttemptSignal) -> TaskContext:
 
 
 def _run(
-    executor: Executor, fn: PluginFn, *, timeout: float | None = None, clock: object = None
+    executor: Executor, fn: PluginFn, *, timeout: float | None = None, clock: Clock | None = None
 ) -> ExecutionOutcome:
     signal = AttemptSignal()
     return executor.execute(

@@ -8,7 +8,7 @@ import threading
 from collections.abc import Callable
 
 import pytest
-from test_runtime_batch_exec import _job  # type: ignore[import-not-found]
+from test_runtime_batch_exec import _job
 
 from dagwerk.models import TaskInputs
 from dagwerk.runtime._inline import InlineRunner

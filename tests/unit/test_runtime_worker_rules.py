@@ -196,7 +196,7 @@ def test_wk_17_sweep_failure_is_reported_not_raised(tmp_path: Path) -> None:
     def broken(**kw: object) -> object:
         raise RuntimeError("db down")
 
-    store.list_runs = broken  # type: ignore[method-assign]
+    store.list_runs = broken  # type: ignore[method-assign, assignment]
     assert worker.process_once() == 0
     (report,) = worker.sweeper.reports
     assert report.action == "sweep_failed" and "db down" in report.detail

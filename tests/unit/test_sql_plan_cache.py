@@ -166,7 +166,12 @@ def test_a_launch_remembers_its_plans_for_the_claims(
     monkeypatch.setattr(_plans, "_CACHE", type(_plans._CACHE)())
     parsed: list[str] = []
     real = _plans._trusted
-    monkeypatch.setattr(_plans, "_trusted", lambda text: parsed.append(text) or real(text))
+
+    def counted(text: str) -> object:
+        parsed.append(text)
+        return real(text)
+
+    monkeypatch.setattr(_plans, "_trusted", counted)
     with SqliteStore(str(tmp_path / "db.sqlite")) as store:
         new_run(store, chain(1))
         (stored,) = store._sqlite._connection().execute("SELECT plan FROM dagwerk_tasks")

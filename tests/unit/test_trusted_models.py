@@ -81,7 +81,10 @@ def test_trusted_equals_validated_and_constructed(
 
 def test_trusted_task_inputs_read_like_constructed_ones() -> None:
     resolved = ResolvedOutput.model_validate(_RESOLVED)
-    values = {"edges": MappingProxyType({"prev": (resolved,)}), "parameters": FrozenDict()}
+    values: dict[str, Any] = {
+        "edges": MappingProxyType({"prev": (resolved,)}),
+        "parameters": FrozenDict(),
+    }
     built = trusted_model(TaskInputs, dict(values))
     constructed = TaskInputs.model_construct(**values)
     assert built.edges == constructed.edges
