@@ -162,15 +162,21 @@ def _busy_write(store: SqliteStore, run_id: str) -> list[BaseException]:
     return raised
 
 
+def _store_behind_a_holder(
+    url: str, busy_timeout: float | None = None
+) -> tuple[SqliteStore, Path, subprocess.Popen[str]]:
+    """A migrated store, and another process holding its writer lock."""
+    store = SqliteStore(url, busy_timeout=busy_timeout)
+    store.create_run("r0", [DagNode(slug="a", plugin="p")])
+    lock = Path(f"{store.path}-dagwerk.lock")
+    return store, lock, _holder(lock)
+
+
 def test_a_writer_waits_no_longer_than_the_busy_timeout(tmp_path: Path) -> None:
     """A peer alive but stopped while it holds the lock (Ctrl-Z on a worker)
     must not hang every other writer: the wait ends at the busy timeout
     with a busy error, and nothing is written."""
-    db = tmp_path / "q.db"
-    store = SqliteStore(str(db), busy_timeout=0.3)
-    store.create_run("r0", [DagNode(slug="a", plugin="p")])
-    lock = Path(f"{db}-dagwerk.lock")
-    holder = _holder(lock)
+    store, lock, holder = _store_behind_a_holder(str(tmp_path / "q.db"), busy_timeout=0.3)
     try:
         raised = _busy_write(store, "r1")
         assert "busy timeout (0.3 s)" in str(raised[0])
@@ -188,11 +194,7 @@ def test_a_writer_waits_no_longer_than_the_busy_timeout(tmp_path: Path) -> None:
 
 
 def test_an_abandoned_wait_lets_the_lock_go_when_it_gets_it(tmp_path: Path) -> None:
-    db = tmp_path / "q.db"
-    store = SqliteStore(str(db), busy_timeout=0.2)
-    store.create_run("r0", [DagNode(slug="a", plugin="p")])
-    lock = Path(f"{db}-dagwerk.lock")
-    holder = _holder(lock)
+    store, lock, holder = _store_behind_a_holder(str(tmp_path / "q.db"), busy_timeout=0.2)
     try:
         _busy_write(store, "r1")
         # Nobody in this process wants the lock any more: when the peer
@@ -202,6 +204,42 @@ def test_an_abandoned_wait_lets_the_lock_go_when_it_gets_it(tmp_path: Path) -> N
     finally:
         _finish(holder)
     store.close()
+
+
+def test_the_busy_timeout_can_be_set_in_the_url(tmp_path: Path) -> None:
+    db = tmp_path / "q.db"
+    store, _, holder = _store_behind_a_holder(f"sqlite:///{db}?busy_timeout=0.25")
+    try:
+        raised = _busy_write(store, "r1")
+        assert "busy timeout (0.25 s)" in str(raised[0])
+    finally:
+        _finish(holder)
+    store.close()
+    both = SqliteStore(f"sqlite:///{db}?busy_timeout=0.25&mode=rw", busy_timeout=2)
+    assert both._sqlite.busy_timeout == 2.0  # the keyword wins
+    both.close()
+    default = SqliteStore(str(db))
+    assert default._sqlite.busy_timeout == 30.0
+    default.close()
+
+
+@pytest.mark.parametrize("value", ["abc", "-1", "nan", "inf", "86401", "", "1e400"])
+def test_a_bad_busy_timeout_in_the_url_is_a_typed_error(tmp_path: Path, value: str) -> None:
+    db = tmp_path / "x.db"
+    with pytest.raises(InvalidStoreValueError) as raised:
+        SqliteStore(f"sqlite:///{db}?busy_timeout={value}")
+    assert raised.value.field == "url"
+    assert "busy_timeout" in str(raised.value)
+    assert not db.exists()
+
+
+@pytest.mark.parametrize("value", [-0.5, float("nan"), float("inf"), 86_401, True, "5"])
+def test_a_bad_busy_timeout_keyword_is_a_typed_error(tmp_path: Path, value: object) -> None:
+    with pytest.raises(InvalidStoreValueError) as raised:
+        SqliteStore(str(tmp_path / "x.db"), busy_timeout=value)  # type: ignore[arg-type]
+    assert raised.value.field == "busy_timeout"
+    assert "from 0 to 86400" in str(raised.value)
+    assert not (tmp_path / "x.db").exists()
 
 
 @pytest.mark.skipif(not hasattr(os, "fork"), reason="needs fork")

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import time
 from collections.abc import Callable
 from contextlib import AbstractContextManager
@@ -29,11 +30,40 @@ def sqlite_path(url: str | Path) -> tuple[str, bool]:
 
 
 _URL_OPTIONS = {"mode": ("ro", "rw"), "synchronous": SYNCHRONOUS_MODES}
+_URL_NUMBERS = ("busy_timeout",)
+
+DEFAULT_BUSY_TIMEOUT = 30.0
+"""Seconds a write waits for other writers by default."""
+
+MAX_BUSY_TIMEOUT = 86_400.0
+"""The longest busy timeout a store accepts (one day, in seconds)."""
+
+
+def _busy_timeout(value: object, *, field: str, url: str | None = None) -> float:
+    """``value`` as a busy timeout in seconds: a finite number from 0 to
+    :data:`MAX_BUSY_TIMEOUT`; anything else is a typed error naming ``field``."""
+    number: float | None = None
+    if url is not None and isinstance(value, str):
+        try:
+            number = float(value)
+        except ValueError:
+            number = None
+    elif isinstance(value, int | float) and not isinstance(value, bool):
+        number = float(value)
+    if number is None or not math.isfinite(number) or not 0 <= number <= MAX_BUSY_TIMEOUT:
+        where = f"store URL {url!r}: " if url is not None else ""
+        raise InvalidStoreValueError(
+            f"{where}busy_timeout must be a number of seconds from 0 to "
+            f"{MAX_BUSY_TIMEOUT:g}, not {value!r}",
+            field=field,
+        )
+    return number
 
 
 def _parse_url(url: str | Path) -> tuple[str, dict[str, str]]:
-    """Path and options of a store URL; options ``mode=ro|rw`` and
-    ``synchronous=normal|full|extra``, joined with ``&``."""
+    """Path and options of a store URL; options ``mode=ro|rw``,
+    ``synchronous=normal|full|extra`` and ``busy_timeout=<seconds>``,
+    joined with ``&``."""
     if isinstance(url, Path):
         return str(url), {}
     if not isinstance(url, str):
@@ -45,10 +75,13 @@ def _parse_url(url: str | Path) -> tuple[str, dict[str, str]]:
         options: dict[str, str] = {}
         for item in query.split("&") if query else []:
             name, _, value = item.partition("=")
-            if value not in _URL_OPTIONS.get(name, ()) or name in options:
+            known = value in _URL_OPTIONS.get(name, ()) or (name in _URL_NUMBERS and value)
+            if not known or name in options:
                 raise InvalidStoreValueError(
                     f"store URL {url!r}: unknown option {item!r}", field="url"
                 )
+            if name == "busy_timeout":
+                _busy_timeout(value, field="url", url=url)
             options[name] = value
         return path, options
     if "://" in url:
@@ -69,8 +102,9 @@ class SqliteStore(SqlStore):
 
     ``clock`` supplies the queue's time (leases, delays); ``max_deliveries``
     bounds leases per queue row; ``default_queue``/``default_priority`` are
-    stamped on every run's queue rows. ``busy_timeout`` (seconds) is how long
-    a write waits for other writers before ``StoreBusyError``. ``read_only``
+    stamped on every run's queue rows. ``busy_timeout`` (seconds, or
+    ``?busy_timeout=`` in the URL; default 30, at most one day) is how long a
+    write waits for other writers before ``StoreBusyError``. ``read_only``
     (or ``?mode=ro`` in the URL) opens the file for reading only; every write
     then raises ``StoreReadOnlyError``. ``max_page_count`` caps the file's
     size in pages (a quota; writes beyond it raise ``StoreFullError``).
@@ -93,7 +127,7 @@ class SqliteStore(SqlStore):
         max_deliveries: int = 3,
         default_queue: str = "default",
         default_priority: int = 0,
-        busy_timeout: float = 30.0,
+        busy_timeout: float | None = None,
         read_only: bool = False,
         max_page_count: int | None = None,
         synchronous: str | None = None,
@@ -101,6 +135,12 @@ class SqliteStore(SqlStore):
         path, options = _parse_url(url)
         if synchronous is None:
             synchronous = options.get("synchronous", "normal")
+        if busy_timeout is not None:
+            busy_timeout = _busy_timeout(busy_timeout, field="busy_timeout")
+        elif "busy_timeout" in options:
+            busy_timeout = float(options["busy_timeout"])  # checked by _parse_url
+        else:
+            busy_timeout = DEFAULT_BUSY_TIMEOUT
         gateway = SqliteGateway(
             path,
             busy_timeout=busy_timeout,
