@@ -91,11 +91,18 @@ def pick_top(inputs: TaskInputs, ctx: TaskContext) -> list[dict[str, Any]]:
     return [dict(order.fields) for order in inputs.edges["orders"]]
 
 
+def _number(value: object) -> float:
+    """A numeric field (fields hold any JSON value: check before using one)."""
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise TypeError(f"expected a number, got {value!r}")
+    return float(value)
+
+
 @dagwerk.plugin("write_report")
 def write_report(inputs: TaskInputs, ctx: TaskContext) -> dict[str, Any]:
     settings = inputs.edges["settings"]
     separator = str(settings[0].fields["separator"]) if settings else ", "
-    rows = sorted(inputs.edges["top"], key=lambda out: -float(out.fields["amount"]))
+    rows = sorted(inputs.edges["top"], key=lambda out: -_number(out.fields["amount"]))
     lines = [
         f"{row.fields['label']} ({row.fields['amount']} {row.fields['currency']})" for row in rows
     ]

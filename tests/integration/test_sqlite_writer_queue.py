@@ -11,6 +11,7 @@ it does not block the others.
 from __future__ import annotations
 
 import fcntl
+import gc
 import os
 import signal
 import subprocess
@@ -206,6 +207,27 @@ def test_an_abandoned_wait_lets_the_lock_go_when_it_gets_it(tmp_path: Path) -> N
     store.close()
 
 
+def _helpers() -> list[threading.Thread]:
+    return [t for t in threading.enumerate() if t.name == "dagwerk-sqlite-queue"]
+
+
+def test_a_store_dropped_without_close_ends_its_queue_helper(tmp_path: Path) -> None:
+    before = set(_helpers())
+    store, _, holder = _store_behind_a_holder(str(tmp_path / "q.db"), busy_timeout=5.0)
+    try:
+        done = _write_in_thread(store, "r1")
+        assert _until(lambda: bool(set(_helpers()) - before))  # waits for the contended lock
+        _release(holder)
+        assert done.wait(10)
+    finally:
+        _finish(holder)
+    store._sqlite._held.close()  # what the store's own finalizer does
+    store._sqlite._finalizer.detach()
+    del store, done
+    gc.collect()
+    assert _until(lambda: not set(_helpers()) - before)
+
+
 def test_the_busy_timeout_can_be_set_in_the_url(tmp_path: Path) -> None:
     db = tmp_path / "q.db"
     store, _, holder = _store_behind_a_holder(f"sqlite:///{db}?busy_timeout=0.25")
@@ -253,12 +275,14 @@ def test_a_forked_child_closes_its_copies_of_the_lock_descriptors(tmp_path: Path
     store.create_run("r0", [DagNode(slug="a", plugin="p")])  # the direct descriptor
     other = os.open(lock, os.O_RDWR)
     fcntl.flock(other, fcntl.LOCK_EX)
+    queue = store._sqlite._queue
+    assert queue is not None
     done = _write_in_thread(store, "r1")  # contended: through the helper's descriptor
+    assert _until(lambda: queue._waiter is not None)
     fcntl.flock(other, fcntl.LOCK_UN)
     os.close(other)
     assert done.wait(10)
-    queue = store._sqlite._queue
-    assert queue is not None and queue._fd is not None and queue._waiter is not None
+    assert queue._fd is not None and queue._waiter is not None
     inherited = [queue._fd, queue._waiter._fd]
     pid = os.fork()
     if pid == 0:  # pragma: no cover - the child

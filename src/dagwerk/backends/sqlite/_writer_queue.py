@@ -86,6 +86,8 @@ class WriterQueue:
         waiter = self._waiter
         if waiter is None or waiter.failed:
             waiter = self._waiter = _Waiter(self.path)
+            # A queue dropped without close() still ends its helper.
+            weakref.finalize(self, waiter.close)
         held = waiter.acquire(self.timeout)
         if held is not None or waiter.failed:
             return held
