@@ -234,9 +234,10 @@ def test_urls(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
         with pytest.raises(BackendUnavailableError, match="PostgreSQL backend not available yet"):
             Engine("postgresql://localhost/dagwerk")
     else:
-        # The backend exists: an unreachable server is a typed store error, not a traceback.
-        with pytest.raises(DagwerkError):
-            Engine("postgresql://127.0.0.1:1/dagwerk")
+        # The backend exists: an unreachable server is a typed store error, not a
+        # traceback (after the reconnect window: 30 s by default, short here).
+        with pytest.raises(DagwerkError, match="cannot connect"):
+            Engine("postgresql://127.0.0.1:1/dagwerk", reconnect_timeout=0.5)
     with pytest.raises(InvalidStoreValueError, match="unsupported database URL"):
         Engine("mysql://localhost/x")
 
