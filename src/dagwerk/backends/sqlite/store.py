@@ -5,13 +5,13 @@ from __future__ import annotations
 import math
 import time
 from collections.abc import Callable
-from contextlib import AbstractContextManager
+from contextlib import AbstractContextManager, suppress
 from pathlib import Path
 from types import TracebackType
 
 from dagwerk.backends.sql.store import SqlStore
 from dagwerk.limits import Limits
-from dagwerk.store import InvalidStoreValueError
+from dagwerk.store import InvalidStoreValueError, validate_seconds
 
 from .gateway import SYNCHRONOUS_MODES, SqliteGateway
 from .migrations import migrate
@@ -40,24 +40,24 @@ MAX_BUSY_TIMEOUT = 86_400.0
 
 
 def _busy_timeout(value: object, *, field: str, url: str | None = None) -> float:
-    """``value`` as a busy timeout in seconds: a finite number from 0 to
-    :data:`MAX_BUSY_TIMEOUT`; anything else is a typed error naming ``field``."""
-    number: float | None = None
+    """``value`` (the text of a URL option when ``url`` is given) as a busy
+    timeout: finite seconds from 0 to :data:`MAX_BUSY_TIMEOUT`; anything
+    else is a typed error naming ``field`` and the limit."""
     if url is not None and isinstance(value, str):
-        try:
-            number = float(value)
-        except ValueError:
-            number = None
-    elif isinstance(value, int | float) and not isinstance(value, bool):
-        number = float(value)
-    if number is None or not math.isfinite(number) or not 0 <= number <= MAX_BUSY_TIMEOUT:
+        with suppress(ValueError):
+            value = float(value)
+    try:
+        seconds = validate_seconds(value, "busy_timeout", positive=False)
+    except InvalidStoreValueError:
+        seconds = math.inf  # refused below, with the limit in the message
+    if seconds > MAX_BUSY_TIMEOUT:
         where = f"store URL {url!r}: " if url is not None else ""
         raise InvalidStoreValueError(
             f"{where}busy_timeout must be a number of seconds from 0 to "
             f"{MAX_BUSY_TIMEOUT:g}, not {value!r}",
             field=field,
         )
-    return number
+    return seconds
 
 
 def _parse_url(url: str | Path) -> tuple[str, dict[str, str]]:
