@@ -426,27 +426,38 @@ SELECT output_id FROM dagwerk_outputs
 WHERE run_id = :run_id AND node_index = :node_index AND invalidated = 0 ORDER BY seq;
 
 -- name: outputs_valid_by_ids
--- Joined to the wanted IDs (see outputs_resolve).
+-- One probe per wanted ID (see outputs_resolve).
 SELECT o.output_id, o.node_index
 FROM (SELECT DISTINCT jsonb_array_elements_text(CAST(:ids AS jsonb)) AS output_id) AS wanted
-JOIN dagwerk_outputs o ON o.run_id = :run_id AND o.output_id = wanted.output_id
-WHERE o.invalidated = 0;
+CROSS JOIN LATERAL (
+    SELECT output_id, node_index FROM dagwerk_outputs
+    WHERE run_id = :run_id AND output_id = wanted.output_id AND invalidated = 0 LIMIT 1
+) AS o;
 
 -- name: outputs_reserved
--- Joined to the wanted IDs (see outputs_resolve).
+-- One probe per wanted ID (see outputs_resolve).
 SELECT o.output_id
 FROM (SELECT DISTINCT jsonb_array_elements_text(CAST(:ids AS jsonb)) AS output_id) AS wanted
-JOIN dagwerk_outputs o ON o.run_id = :run_id AND o.output_id = wanted.output_id;
+CROSS JOIN LATERAL (
+    SELECT output_id FROM dagwerk_outputs
+    WHERE run_id = :run_id AND output_id = wanted.output_id LIMIT 1
+) AS o;
 
 -- name: outputs_resolve
--- The wanted IDs are a relation joined to the outputs, not an "= ANY"
--- filter: with a run's outputs fetched by another index, that filter scans
--- the whole list for every row (1,000 IDs against 2,000 outputs took ~19 ms,
--- the join ~1.5 ms), and the planner picks such an index on fresh tables.
+-- The wanted IDs are a relation, each probing the unique (run_id, output_id)
+-- index once: the LIMIT keeps the planner from flattening the probe into a
+-- join it may plan as a scan of the run's outputs. Before a new table's
+-- first ANALYZE it did exactly that, by the (run_id, node_index, ...) index
+-- into a hash: a batch of 32 IDs read all 100,000 outputs of a wide run
+-- (~45 ms instead of ~0.2 ms), and a worker kept that plan until autovacuum
+-- analysed the table, up to a minute later. An "= ANY" filter is no better:
+-- it scans the whole list for every output the index returns.
 SELECT o.output_id, o.fields, o.data
 FROM (SELECT DISTINCT jsonb_array_elements_text(CAST(:ids AS jsonb)) AS output_id) AS wanted
-JOIN dagwerk_outputs o ON o.run_id = :run_id AND o.output_id = wanted.output_id
-WHERE o.invalidated = 0;
+CROSS JOIN LATERAL (
+    SELECT output_id, fields, data FROM dagwerk_outputs
+    WHERE run_id = :run_id AND output_id = wanted.output_id AND invalidated = 0 LIMIT 1
+) AS o;
 
 -- name: output_insert
 INSERT INTO dagwerk_outputs
