@@ -321,6 +321,14 @@ class BackstopStore(Protocol):
     """What the periodic backstop needs from a store (dagwerk extension).
 
     Time comes from the store's clock. Each method is one transaction.
+
+    A store may also offer ``has_live_node(run_id) -> bool`` (the built-in
+    stores do): True iff some node of the run has an active launch that
+    launched tasks, no active FAILED or CRASHED task, and an active task
+    that is RUNNING, or QUEUED with a queue row for its current attempt; that
+    is, a node the stall diagnosis finds live from its tasks. The backstop
+    then skips the diagnosis, which reads every task of the run, for a run
+    that is plainly making progress.
     """
 
     def try_acquire_lease(self, name: str, holder: str, seconds: float) -> bool:

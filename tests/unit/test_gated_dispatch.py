@@ -296,6 +296,39 @@ def test_gd_12_waiting_forever_is_a_stall_reported_once(
     assert record.run_id == run_id
 
 
+class _TaskReadCounter(MemoryStore):
+    """Counts reads of a run's whole task list."""
+
+    task_reads = 0
+
+    def list_tasks(self, run_id: str, *, include_invalidated: bool = False) -> list[TaskRecord]:
+        self.task_reads += 1
+        return super().list_tasks(run_id, include_invalidated=include_invalidated)
+
+
+def test_gd_12_a_pass_over_a_progressing_run_does_not_read_all_its_tasks(
+    clock: FakeClock,
+) -> None:
+    """A pass diagnosed every RUNNING run from all its tasks, on the worker's
+    loop: ~2 s for a run of 100,000 tasks, every 30 s. A run with a node that
+    is plainly live (a RUNNING task, a QUEUED one with its row) is not stalled
+    and is known to be so from one indexed probe."""
+    store = _TaskReadCounter(clock=clock.time)
+    run_id = _start(store, [_root("a", wait_timeout_seconds=5.0), _root("c")])
+    waiting, queued = _tasks(store, run_id, 0)[0], _tasks(store, run_id, 1)[0]
+    _wait(store, waiting, "w1")
+    clock.advance(6.0)  # node a is held by its overdue wait; node c is queued
+    store.task_reads = 0
+    backstop = Backstop(store, clock=clock)
+    assert backstop.run_pass().stalls == ()
+    assert store.task_reads == 0
+    # Without a live node the run is diagnosed, and the stall found.
+    _complete_without_reconcile(store, queued, "c-1")
+    (stall,) = backstop.run_pass().stalls
+    assert stall.held_nodes == ("a",) and "wait timeout" in stall.reason
+    assert store.task_reads >= 1
+
+
 def test_gd_12_wait_timeout_counts_from_when_the_wait_began(
     store: MemoryStore, clock: FakeClock
 ) -> None:

@@ -13,7 +13,9 @@ event. One pass, per run:
    failure policy is applied (``stop_on_first_failure`` launches nothing new
    after a failure) and a run whose work is all settled is finalised;
 3. diagnoses the run (:func:`dagwerk.stall.diagnose_run`) and reports a
-   stall: a WARN log line naming the run, the held nodes and the reason,
+   stall (a run with a node plainly live, as the store's ``has_live_node``
+   answers from one indexed probe, is not stalled and is not read in full):
+   a WARN log line naming the run, the held nodes and the reason,
    once per stall (the stall is persisted with ``try_record_stall``; a run
    that stops being stalled is cleared, so a later stall is a new one).
 
@@ -336,6 +338,13 @@ class Backstop:
 
     def _check_stall(self, run_id: str, state: _Pass) -> None:
         store = self.store
+        live = getattr(store, "has_live_node", None)
+        if live is not None and live(run_id):
+            # A node can progress, so the run is not stalled: known without
+            # the diagnosis, which reads every task (a pass over a run of
+            # 100,000 tasks held the worker's loop for seconds).
+            store.clear_stall(run_id)
+            return
         first = diagnose_stored_run(store, run_id)
         if first is None or first.stall is None:
             store.clear_stall(run_id)

@@ -14,10 +14,23 @@ import pytest
 
 from dagwerk.constants import RunStatus, TaskStatus
 from dagwerk.execution import claim_task
-from dagwerk.orchestrator import cancel_run
+from dagwerk.orchestrator import cancel_run, reconcile_run
+from dagwerk.runtime.backstop import diagnose_stored_run
+from dagwerk.stall import NodeState
 from dagwerk.store import BackstopStore, LeasedDelivery
 from dagwerk.testing.contract_queue import FakeClock, QueueContractStore
-from dagwerk.testing.helpers import CallbackLog, new_run, only_task, root, task
+from dagwerk.testing.helpers import (
+    CallbackLog,
+    child,
+    claim,
+    deliveries_for,
+    emit,
+    new_run,
+    only_task,
+    root,
+    task,
+    tasks_of,
+)
 from dagwerk.waiting import resume_task, wait_task
 
 __all__ = [
@@ -28,6 +41,7 @@ __all__ = [
     "test_gd_c05_stall_is_recorded_once_per_stall",
     "test_gd_c06_wait_ages_count_from_when_the_wait_began",
     "test_gd_c07_queue_stats_and_run_status_counts",
+    "test_gd_c08_the_live_node_probe_agrees_with_the_stall_diagnosis",
 ]
 
 
@@ -176,3 +190,42 @@ def test_gd_c07_queue_stats_and_run_status_counts(
     assert (stats.depth, stats.oldest_available_at) == (1, 1_000.0)
     counts = store.run_status_counts()
     assert dict(counts) == {RunStatus.RUNNING: 1, RunStatus.PENDING: 1}
+
+
+def test_gd_c08_the_live_node_probe_agrees_with_the_stall_diagnosis(
+    qstore: QueueContractStore,
+) -> None:
+    """``has_live_node`` (the backstop's shortcut) is True exactly when the
+    diagnosis finds a node RUNNING or QUEUED from its tasks."""
+    store = _store(qstore)
+    probe = getattr(store, "has_live_node", None)
+    if probe is None:
+        pytest.skip("this store offers no live-node probe")
+
+    def check(expected: bool) -> None:
+        diagnosis = diagnose_stored_run(store, "run-1")
+        assert diagnosis is not None
+        live = {NodeState.RUNNING, NodeState.QUEUED}
+        assert any(node.state in live for node in diagnosis.nodes) is expected
+        assert probe("run-1") is expected
+
+    new_run(store, [root("src"), child("fan", "src")])
+    check(True)  # the root's task is QUEUED with its row
+    src = only_task(store, "run-1", 0)
+    (row,) = deliveries_for(store, src.task_id)
+    assert store.ack_delivery(row.delivery_id)
+    check(False)  # QUEUED without a row: held, not live
+    assert store.repair_missing_deliveries("run-1") == [src.task_id]
+    claim(store, src)
+    check(True)  # RUNNING
+    assert store.try_complete_task(
+        src.task_id, emit("o1", "o2"), expected_attempt_id=src.attempt_id
+    )
+    check(False)  # settled; the fan-out is ready but has no task yet
+    reconcile_run(store, "run-1", callbacks=CallbackLog().callbacks)
+    first, _ = tasks_of(store, "run-1", 1)
+    check(True)
+    claim(store, first)
+    assert store.mark_task_failed(first.task_id, "boom", expected_attempt_id=first.attempt_id)
+    check(False)  # a FAILED task makes the node FAILED; its QUEUED sibling does not count
+    assert probe("missing") is False

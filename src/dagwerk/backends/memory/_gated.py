@@ -6,7 +6,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from dagwerk.constants import RunStatus, TaskStatus
+from dagwerk.constants import NodeDisposition, RunStatus, TaskStatus
 from dagwerk.store import InvalidStoreValueError, QueueStats, StallRecord, validate_seconds
 
 from ._base import MemoryStoreBase
@@ -68,6 +68,33 @@ class GatedMixin(MemoryStoreBase):
                 self._enqueue(run, task, delivery_count=task.lost_deliveries)
                 repaired.append(task_id)
             return repaired
+
+    def has_live_node(self, run_id: str) -> bool:
+        with self._lock:
+            run = self._runs.get(run_id)
+            if run is None:
+                return False
+            failed: set[int] = set()
+            live: set[int] = set()
+            for task_id in run.task_ids:
+                task = self._tasks[task_id]
+                if task.invalidated:
+                    continue
+                if task.status in (TaskStatus.FAILED, TaskStatus.CRASHED):
+                    failed.add(task.node_index)
+                elif task.status is TaskStatus.RUNNING or (
+                    task.status is TaskStatus.QUEUED
+                    and any(
+                        self._deliveries[row].attempt_id == task.attempt_id
+                        for row in self._task_rows.get(task_id, ())
+                    )
+                ):
+                    live.add(task.node_index)
+            return any(
+                index in run.launches
+                and run.launches[index].disposition is NodeDisposition.LAUNCHED
+                for index in live - failed
+            )
 
     def wait_ages(self, run_id: str) -> Mapping[str, float]:
         with self._lock:

@@ -662,6 +662,27 @@ WHERE r.run_id = :run_id AND r.status = 'running'
   AND t.invalidated = 0 AND t.status = 'waiting'
 ORDER BY t.seq;
 
+-- name: gated_live_node
+-- Whether the stall diagnosis (stall.py) would find a node of the run live
+-- from its tasks: the node's active launch launched tasks, none of its
+-- active tasks FAILED or CRASHED, and one is RUNNING, or QUEUED with a queue
+-- row for its attempt. The first such task ends the search; the diagnosis
+-- itself reads every task of the run.
+SELECT 1 FROM dagwerk_tasks t
+WHERE t.run_id = :run_id AND t.invalidated = 0 AND t.status IN ('running', 'queued')
+  AND (t.status = 'running' OR EXISTS (
+      SELECT 1 FROM dagwerk_deliveries d
+      WHERE d.task_id = t.task_id AND d.attempt_id = t.attempt_id))
+  AND EXISTS (
+      SELECT 1 FROM dagwerk_launches l
+      WHERE l.run_id = t.run_id AND l.node_index = t.node_index AND l.active = 1
+        AND l.disposition = 'launched')
+  AND NOT EXISTS (
+      SELECT 1 FROM dagwerk_tasks f
+      WHERE f.run_id = t.run_id AND f.invalidated = 0 AND f.status IN ('failed', 'crashed')
+        AND f.node_index = t.node_index)
+LIMIT 1;
+
 -- name: gated_stall_insert
 INSERT INTO dagwerk_stalls (run_id, reason, held_nodes, detected_at)
 SELECT run_id, :reason, :held_nodes, :now FROM dagwerk_runs WHERE run_id = :run_id

@@ -61,6 +61,12 @@ class GatedMixin(SqlStoreBase):
             rows = tx.all("gated_wait_ages", {"run_id": run_id})
             return {row["task_id"]: max(0.0, now - float(row["waited_at"])) for row in rows}
 
+    def has_live_node(self, run_id: str) -> bool:
+        if not isinstance(run_id, str):
+            return False
+        with self._gw.read() as tx:
+            return tx.one("gated_live_node", {"run_id": run_id}) is not None
+
     def try_record_stall(self, run_id: str, reason: str, held_nodes: tuple[int, ...]) -> bool:
         _check_name(run_id, "run_id")
         if not isinstance(reason, str):
