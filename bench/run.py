@@ -262,7 +262,7 @@ def targets(
 
     for workers in (1, 2):
         w1 = find("W1", "sqlite", workers)
-        if w1:
+        if w1 and workers == 2:  # the issue sets none for one worker (its row is a reference)
             add(f"W1 sqlite {workers}w tasks/s >=", 5000.0, w1["tasks_per_s"], True)
         w2 = find("W2", "sqlite", workers)
         if w2:
