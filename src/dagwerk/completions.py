@@ -142,9 +142,10 @@ class _DeferredCallbacks:
 
     def __init__(self) -> None:
         self.fired: list[tuple[RunStatus, str]] = []
+        fired = self.fired  # not self: the callbacks would make a cycle with it
 
         def hold(status: RunStatus) -> RunCallback:
-            return lambda run_id: self.fired.append((status, run_id))
+            return lambda run_id: fired.append((status, run_id))
 
         self.callbacks = OrchestratorCallbacks(
             on_run_completed=hold(RunStatus.COMPLETED),

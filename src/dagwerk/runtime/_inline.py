@@ -96,14 +96,25 @@ class InlineRunner:
         with self._lock:
             self._current = inline
             inline.started = self._clock.monotonic()
-        job.signal.bind(lambda reason: self._aborted(inline, reason))
-        if job.timeout is not None:
-            self._poke()  # the supervisor keeps the deadline
-        outcome = None
-        if inline.settlement.outcome is None:  # aborted in between: never entered
-            # A fresh context per attempt, as on a runner thread: nothing a
-            # plugin sets in a context variable reaches the next one.
-            outcome = contextvars.Context().run(call_job, job)
+
+        def aborted(reason: str) -> None:
+            self._aborted(inline, reason)
+
+        job.signal.bind(aborted)
+        try:
+            if job.timeout is not None:
+                self._poke()  # the supervisor keeps the deadline
+            outcome = None
+            if inline.settlement.outcome is None:  # aborted in between: never entered
+                # A fresh context per attempt, as on a runner thread: nothing a
+                # plugin sets in a context variable reaches the next one.
+                outcome = contextvars.Context().run(call_job, job)
+        finally:
+            # The plugin is over, so an abort has nothing left to settle. Bound,
+            # the listener tied the attempt (through its hand-over) to its own
+            # signal: a cycle that kept a root's outputs, or a join's inputs,
+            # alive until a full collection of the cyclic collector.
+            job.signal.unbind(aborted)
         with self._lock:
             self._current = None
             handed_over = inline.handed_over

@@ -111,6 +111,12 @@ class AttemptSignal:
         if fired is not None:
             listener(fired)
 
+    def unbind(self, listener: Callable[[str], object]) -> None:
+        """Forget ``listener`` (nothing happens if it is not bound): an
+        attempt whose plugin is over keeps nothing alive through its signal."""
+        with self._lock, contextlib.suppress(ValueError):
+            self._listeners.remove(listener)
+
     def fire(self, reason: str) -> None:
         with self._lock:
             if self.reason is None:
