@@ -185,7 +185,7 @@ def test_wk_05_a_live_owners_task_is_untouched_by_another_worker(tmp_path: Path)
     runner = _in_thread(owner.run_until_idle)
     assert entered.wait(WAIT)
     assert other.process_once() == 0
-    assert list(other.reports) == [] and other.sweeper.reports == []
+    assert list(other.reports) == [] and list(other.sweeper.reports) == []
     release.set()
     runner.join(WAIT)
     assert attempts == [1]

@@ -20,6 +20,7 @@ from dagwerk.runtime.context import TaskContext
 from dagwerk.runtime.plugins import PluginRegistry
 from dagwerk.runtime.retry_policy import RetryPolicy
 from dagwerk.runtime.worker import Worker
+from dagwerk.store import TaskRecord
 from dagwerk.waiting import resume_task
 
 
@@ -261,6 +262,64 @@ def test_worker_serves_only_its_queues(tmp_path: Path, queue: str) -> None:
     worker.run_until_idle()
     expected = RunStatus.COMPLETED if queue == "gpu" else RunStatus.RUNNING
     assert store.get_run_status("run") is expected
+
+
+class _CountingStore(MemoryStore):
+    """Counts reads of a run's whole task list."""
+
+    task_reads = 0
+
+    def list_tasks(self, run_id: str, *, include_invalidated: bool = False) -> list[TaskRecord]:
+        self.task_reads += 1
+        return super().list_tasks(run_id, include_invalidated=include_invalidated)
+
+
+class _StoreWithoutSweepRead(_CountingStore):
+    running_without_delivery = None  # type: ignore[assignment]  # as a store without it
+
+
+@pytest.mark.parametrize("store_type", [_CountingStore, _StoreWithoutSweepRead])
+def test_wk_17_the_sweep_reads_only_running_tasks_where_the_store_can(
+    tmp_path: Path, store_type: type[_CountingStore]
+) -> None:
+    """An idle worker swept every RUNNING run by reading all its tasks, once
+    per lease duration: 100,000 task records for one wide run. A store that
+    lists its RUNNING tasks without a queue row is asked that instead; any
+    other store is still read in full, with the same result."""
+    clock = FakeClock()
+    store = store_type(clock=clock.time)
+    _start(store, "run", [DagNode(slug="a", plugin="p"), DagNode(slug="b", plugin="p")])
+    leased = store.dequeue("lost", limit=2, lease_seconds=5)
+    for row in leased:
+        assert claim_task(
+            store, row.task_id, expected_attempt_id=row.attempt_id, expected_generation=0
+        )
+    assert store.ack(leased[0].delivery_id, "lost")  # RUNNING with no row
+    worker = _worker(store, {"p": lambda i, c: None}, clock, tmp_path, lease_seconds=10)
+    store.task_reads = 0
+    swept = worker.sweeper.maybe_sweep()
+    assert [(r.task_id, r.action) for r in swept] == [(leased[0].task_id, "requeued")]
+    assert (store.task_reads == 0) is (store_type is _CountingStore)
+
+
+def test_a_sweeper_keeps_only_its_latest_reports(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import dagwerk.runtime.sweep as sweep_module
+
+    monkeypatch.setattr(sweep_module, "SWEEP_REPORTS_KEPT", 1)
+    clock = FakeClock()
+    store = MemoryStore(clock=clock.time)
+    _start(store, "run", [DagNode(slug="a", plugin="p"), DagNode(slug="b", plugin="p")])
+    for row in store.dequeue("lost", limit=2, lease_seconds=5):
+        assert claim_task(
+            store, row.task_id, expected_attempt_id=row.attempt_id, expected_generation=0
+        )
+        assert store.ack(row.delivery_id, "lost")  # RUNNING with no row
+    worker = _worker(store, {"p": lambda i, c: None}, clock, tmp_path, lease_seconds=10)
+    swept = worker.sweeper.maybe_sweep()
+    assert [r.action for r in swept] == ["requeued", "requeued"]
+    assert list(worker.sweeper.reports) == swept[-1:]
 
 
 def test_a_worker_keeps_only_its_latest_reports(

@@ -5,6 +5,11 @@ its lease expires any worker leases the row and reclaims the task. The sweep
 covers the rest: a RUNNING task with no queue row at all (its row was acked,
 parked or lost), which no redelivery will ever reach.
 
+It reads only the RUNNING tasks without a queue row of each RUNNING run
+(``running_without_delivery`` of the built-in stores), not every task of
+the run: an idle worker beside one wide run read 100,000 task records per
+sweep before.
+
 The sweep runs from an idle worker at most once per lease duration; the first
 idle tick sweeps, the throttle clock advances after the sweep, and
 overlapping sweeps are suppressed. Per stale task it re-reads the task and,
@@ -20,8 +25,9 @@ from __future__ import annotations
 
 import logging
 import threading
+from collections import deque
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from dagwerk.constants import RunStatus, TaskStatus
 from dagwerk.execution import recover_task
@@ -36,6 +42,8 @@ _LOG = logging.getLogger("dagwerk.runtime.sweep")
 
 # Runs examined per sweep; the sweep is a backstop, not a scan of history.
 SWEEP_RUN_LIMIT = 1_000
+SWEEP_REPORTS_KEPT = 10_000
+"""How many of its latest :class:`SweepReport` a worker's sweeper keeps."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -48,6 +56,23 @@ class SweepReport:
     detail: str = ""
 
 
+def _running_without_delivery(store: Any, run_id: str) -> list[tuple[str, str]]:
+    """``(task_id, attempt_id)`` of the run's RUNNING tasks whose attempt has
+    no queue row; a task with one is reclaimed by its redelivery (WK-18: the
+    lease is live or due). The built-in stores answer from the RUNNING rows
+    alone (``running_without_delivery``); any other store is read in full."""
+    finder = getattr(store, "running_without_delivery", None)
+    if finder is not None:
+        found: list[tuple[str, str]] = finder(run_id)
+        return found
+    rows = {(d.task_id, d.attempt_id) for d in store.list_deliveries(run_id)}
+    return [
+        (record.task_id, record.attempt_id)
+        for record in store.list_tasks(run_id)
+        if record.status is TaskStatus.RUNNING and (record.task_id, record.attempt_id) not in rows
+    ]
+
+
 class StaleSweeper:
     """The throttled sweep of one worker."""
 
@@ -56,7 +81,8 @@ class StaleSweeper:
         self._lock = threading.Lock()
         self._running = False
         self._last: float | None = None
-        self.reports: list[SweepReport] = []
+        # The latest only: a long-lived worker must not grow with every sweep.
+        self.reports: deque[SweepReport] = deque(maxlen=SWEEP_REPORTS_KEPT)
 
     def maybe_sweep(self) -> list[SweepReport]:
         """Sweep if no sweep ran within the last lease duration and none is
@@ -90,23 +116,16 @@ class StaleSweeper:
         reports: list[SweepReport] = []
         for run in runs:
             try:
-                rows = {(d.task_id, d.attempt_id) for d in store.list_deliveries(run.run_id)}
-                tasks = store.list_tasks(run.run_id)
+                stale = _running_without_delivery(store, run.run_id)
             except Exception as exc:
                 reports.append(SweepReport("", "failed", f"{type(exc).__name__}: {exc}"))
                 continue
-            for record in tasks:
-                if record.status is not TaskStatus.RUNNING:
-                    continue
-                if (record.task_id, record.attempt_id) in rows:
-                    continue  # its delivery's redelivery reclaims it (WK-18: lease live or due)
+            for task_id, attempt_id in stale:
                 try:
-                    reports.append(self._sweep_task(record.task_id, record.attempt_id))
+                    reports.append(self._sweep_task(task_id, attempt_id))
                 except Exception as exc:  # one task never stops the pass (WK-19)
-                    _LOG.exception("sweeping task %s failed", record.task_id)
-                    reports.append(
-                        SweepReport(record.task_id, "failed", f"{type(exc).__name__}: {exc}")
-                    )
+                    _LOG.exception("sweeping task %s failed", task_id)
+                    reports.append(SweepReport(task_id, "failed", f"{type(exc).__name__}: {exc}"))
         return reports
 
     def _sweep_task(self, task_id: str, attempt_id: str) -> SweepReport:

@@ -48,6 +48,7 @@ __all__ = [
     "test_qu_12_invalid_queue_requests_raise",
     "test_qu_13_worker_cycle_runs_a_chain_to_completion",
     "test_qu_14_cancelled_run_leaves_nothing_to_dequeue",
+    "test_qu_15_running_tasks_without_a_row_are_the_sweeps_candidates",
 ]
 
 
@@ -333,3 +334,30 @@ def test_qu_14_cancelled_run_leaves_nothing_to_dequeue(qstore: QueueContractStor
     assert qstore.try_cancel_run("run-1") is True
     rows = _lease(qstore, "w1")
     assert [r.run_id for r in rows] == ["run-2"]
+
+
+def test_qu_15_running_tasks_without_a_row_are_the_sweeps_candidates(
+    qstore: QueueContractStore,
+) -> None:
+    """``running_without_delivery`` (the idle sweep's read): RUNNING tasks
+    whose current attempt has no queue row, in creation order; a leased row
+    still reaches its task by redelivery, so such a task is not listed."""
+    finder = getattr(qstore, "running_without_delivery", None)
+    if finder is None:
+        pytest.skip("this store offers no such read")
+    new_run(qstore, [root("a"), root("b"), root("c")])
+    rows = {row.task_id: row for row in _lease(qstore)}
+    tasks = sorted(rows.values(), key=lambda row: row.task_id)
+    for row in tasks:
+        assert claim_task(
+            qstore, row.task_id, expected_attempt_id=row.attempt_id, expected_generation=0
+        )
+    assert finder("run-1") == []  # every RUNNING task still has its (leased) row
+    order = [t.task_id for t in qstore.list_tasks("run-1")]
+    first, _, last = (rows[task_id] for task_id in order)
+    for row in (last, first):
+        assert qstore.ack(row.delivery_id, "w1")
+    assert finder("run-1") == [(first.task_id, first.attempt_id), (last.task_id, last.attempt_id)]
+    assert qstore.try_complete_task(first.task_id, (), expected_attempt_id=first.attempt_id)
+    assert finder("run-1") == [(last.task_id, last.attempt_id)]  # no longer RUNNING
+    assert finder("missing") == []

@@ -69,6 +69,21 @@ class GatedMixin(MemoryStoreBase):
                 repaired.append(task_id)
             return repaired
 
+    def running_without_delivery(self, run_id: str) -> list[tuple[str, str]]:
+        with self._lock:
+            run = self._runs.get(run_id)
+            if run is None:
+                return []
+            found: list[tuple[str, str]] = []
+            for task_id in run.task_ids:
+                task = self._tasks[task_id]
+                if task.invalidated or task.status is not TaskStatus.RUNNING:
+                    continue
+                rows = self._task_rows.get(task_id, ())
+                if not any(self._deliveries[row].attempt_id == task.attempt_id for row in rows):
+                    found.append((task_id, task.attempt_id))
+            return found
+
     def has_live_node(self, run_id: str) -> bool:
         with self._lock:
             run = self._runs.get(run_id)

@@ -662,6 +662,16 @@ WHERE r.run_id = :run_id AND r.status = 'running'
   AND t.invalidated = 0 AND t.status = 'waiting'
 ORDER BY t.seq;
 
+-- name: tasks_running_without_delivery
+-- The idle sweep's candidates (runtime/sweep.py): RUNNING tasks of the run
+-- whose current attempt has no queue row, which no redelivery can reach.
+-- Only RUNNING rows are read, not the whole run.
+SELECT t.task_id, t.attempt_id FROM dagwerk_tasks t
+WHERE t.run_id = :run_id AND t.invalidated = 0 AND t.status = 'running'
+  AND NOT EXISTS (SELECT 1 FROM dagwerk_deliveries d
+                  WHERE d.task_id = t.task_id AND d.attempt_id = t.attempt_id)
+ORDER BY t.seq;
+
 -- name: gated_live_node
 -- Whether the stall diagnosis (stall.py) would find a node of the run live
 -- from its tasks: the node's active launch launched tasks, none of its

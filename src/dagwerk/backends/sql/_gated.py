@@ -61,6 +61,13 @@ class GatedMixin(SqlStoreBase):
             rows = tx.all("gated_wait_ages", {"run_id": run_id})
             return {row["task_id"]: max(0.0, now - float(row["waited_at"])) for row in rows}
 
+    def running_without_delivery(self, run_id: str) -> list[tuple[str, str]]:
+        if not isinstance(run_id, str):
+            return []
+        with self._gw.read() as tx:
+            rows = tx.all("tasks_running_without_delivery", {"run_id": run_id})
+            return [(row["task_id"], row["attempt_id"]) for row in rows]
+
     def has_live_node(self, run_id: str) -> bool:
         if not isinstance(run_id, str):
             return False
