@@ -20,7 +20,7 @@ from dagwerk.runtime.context import TaskContext
 from dagwerk.runtime.plugins import PluginRegistry
 from dagwerk.runtime.retry_policy import RetryPolicy
 from dagwerk.runtime.worker import Worker
-from dagwerk.store import TaskRecord
+from dagwerk.store import LeasedDelivery, TaskRecord
 from dagwerk.waiting import resume_task
 
 
@@ -278,6 +278,20 @@ class _StoreWithoutSweepRead(_CountingStore):
     running_without_delivery = None  # type: ignore[assignment]  # as a store without it
 
 
+def _two_running(store: MemoryStore, *, rowless: int) -> list[LeasedDelivery]:
+    """A run of two RUNNING tasks; the queue rows of the first ``rowless``
+    are acked, so no redelivery can reach those tasks. The leased rows."""
+    _start(store, "run", [DagNode(slug="a", plugin="p"), DagNode(slug="b", plugin="p")])
+    leased = store.dequeue("lost", limit=2, lease_seconds=5)
+    for row in leased:
+        assert claim_task(
+            store, row.task_id, expected_attempt_id=row.attempt_id, expected_generation=0
+        )
+    for row in leased[:rowless]:
+        assert store.ack(row.delivery_id, "lost")
+    return leased
+
+
 @pytest.mark.parametrize("store_type", [_CountingStore, _StoreWithoutSweepRead])
 def test_wk_17_the_sweep_reads_only_running_tasks_where_the_store_can(
     tmp_path: Path, store_type: type[_CountingStore]
@@ -288,13 +302,7 @@ def test_wk_17_the_sweep_reads_only_running_tasks_where_the_store_can(
     other store is still read in full, with the same result."""
     clock = FakeClock()
     store = store_type(clock=clock.time)
-    _start(store, "run", [DagNode(slug="a", plugin="p"), DagNode(slug="b", plugin="p")])
-    leased = store.dequeue("lost", limit=2, lease_seconds=5)
-    for row in leased:
-        assert claim_task(
-            store, row.task_id, expected_attempt_id=row.attempt_id, expected_generation=0
-        )
-    assert store.ack(leased[0].delivery_id, "lost")  # RUNNING with no row
+    leased = _two_running(store, rowless=1)
     worker = _worker(store, {"p": lambda i, c: None}, clock, tmp_path, lease_seconds=10)
     store.task_reads = 0
     swept = worker.sweeper.maybe_sweep()
@@ -310,12 +318,7 @@ def test_a_sweeper_keeps_only_its_latest_reports(
     monkeypatch.setattr(sweep_module, "SWEEP_REPORTS_KEPT", 1)
     clock = FakeClock()
     store = MemoryStore(clock=clock.time)
-    _start(store, "run", [DagNode(slug="a", plugin="p"), DagNode(slug="b", plugin="p")])
-    for row in store.dequeue("lost", limit=2, lease_seconds=5):
-        assert claim_task(
-            store, row.task_id, expected_attempt_id=row.attempt_id, expected_generation=0
-        )
-        assert store.ack(row.delivery_id, "lost")  # RUNNING with no row
+    _two_running(store, rowless=2)
     worker = _worker(store, {"p": lambda i, c: None}, clock, tmp_path, lease_seconds=10)
     swept = worker.sweeper.maybe_sweep()
     assert [r.action for r in swept] == ["requeued", "requeued"]
