@@ -10,6 +10,7 @@ from dagwerk.constants import NodeDisposition, RunStatus, TaskStatus
 from dagwerk.store import InvalidStoreValueError, QueueStats, StallRecord, validate_seconds
 
 from ._base import MemoryStoreBase
+from ._state import TaskState
 
 
 def _check_name(value: object, name: str) -> str:
@@ -60,8 +61,7 @@ class GatedMixin(MemoryStoreBase):
                 task = self._tasks[task_id]
                 if task.status is not TaskStatus.QUEUED or self._owned(task) is not run:
                     continue
-                rows = self._task_rows.get(task_id, ())
-                if any(self._deliveries[row].attempt_id == task.attempt_id for row in rows):
+                if self._attempt_has_row(task):
                     continue
                 if (task_id, task.attempt_id) in parked:
                     continue
@@ -79,8 +79,7 @@ class GatedMixin(MemoryStoreBase):
                 task = self._tasks[task_id]
                 if task.invalidated or task.status is not TaskStatus.RUNNING:
                     continue
-                rows = self._task_rows.get(task_id, ())
-                if not any(self._deliveries[row].attempt_id == task.attempt_id for row in rows):
+                if not self._attempt_has_row(task):
                     found.append((task_id, task.attempt_id))
             return found
 
@@ -98,11 +97,7 @@ class GatedMixin(MemoryStoreBase):
                 if task.status in (TaskStatus.FAILED, TaskStatus.CRASHED):
                     failed.add(task.node_index)
                 elif task.status is TaskStatus.RUNNING or (
-                    task.status is TaskStatus.QUEUED
-                    and any(
-                        self._deliveries[row].attempt_id == task.attempt_id
-                        for row in self._task_rows.get(task_id, ())
-                    )
+                    task.status is TaskStatus.QUEUED and self._attempt_has_row(task)
                 ):
                     live.add(task.node_index)
             return any(
@@ -110,6 +105,11 @@ class GatedMixin(MemoryStoreBase):
                 and run.launches[index].disposition is NodeDisposition.LAUNCHED
                 for index in live - failed
             )
+
+    def _attempt_has_row(self, task: TaskState) -> bool:
+        """Whether the task's current attempt has a queue row (caller holds the lock)."""
+        rows = self._task_rows.get(task.task_id, ())
+        return any(self._deliveries[row].attempt_id == task.attempt_id for row in rows)
 
     def wait_ages(self, run_id: str) -> Mapping[str, float]:
         with self._lock:
