@@ -19,6 +19,8 @@ if TYPE_CHECKING:
     from dagwerk.engine import Engine as Engine
     from dagwerk.engine import RunResult as RunResult
     from dagwerk.engine import plugin as plugin
+    from dagwerk.json import FrozenDict as FrozenDict
+    from dagwerk.json import thaw_json as thaw_json
     from dagwerk.models import DagNode as DagNode
     from dagwerk.models import EdgeSource as EdgeSource
     from dagwerk.models import EmittedOutput as EmittedOutput
@@ -36,6 +38,9 @@ _LAZY = {
     "RunResult": "dagwerk.engine",
     "plugin": "dagwerk.engine",
     "load_pipeline": "dagwerk.pipeline_file",
+    # A plugin's JSON objects (read-only dicts) and their mutable copy.
+    "FrozenDict": "dagwerk.json",
+    "thaw_json": "dagwerk.json",
     "DagNode": "dagwerk.models",
     "InputEdge": "dagwerk.models",
     "EdgeSource": "dagwerk.models",
@@ -57,6 +62,8 @@ __all__ = [  # noqa: RUF022 (grouped as in _LAZY)
     "RunResult",
     "plugin",
     "load_pipeline",
+    "FrozenDict",
+    "thaw_json",
     "DagNode",
     "InputEdge",
     "EdgeSource",

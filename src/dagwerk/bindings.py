@@ -19,7 +19,6 @@ from json.encoder import encode_basestring as _encode_string
 from types import MappingProxyType
 from typing import Final, TypeAlias
 
-from dagwerk.constants import MAX_JSON_KEYS
 from dagwerk.errors import PlanningError
 from dagwerk.expressions import (
     EvaluationBudget,
@@ -27,7 +26,7 @@ from dagwerk.expressions import (
     expression_evaluation_steps,
     resolve_expression,
 )
-from dagwerk.json import FrozenDict, JsonValue, bounded_json_size, freeze_json, freeze_object
+from dagwerk.json import FrozenDict, JsonValue, bounded_json_size, freeze_json
 from dagwerk.models import (
     EdgeSource,
     ExpressionSource,
@@ -171,9 +170,7 @@ def canonical_size(value: object) -> int:
             raise ValueError("JSON numbers must be finite")
         return len(float.__repr__(value))
     if type(value) is FrozenDict:
-        # The frozen mapping's own dict: the Mapping mixin's views cost
-        # several times more per item on this path.
-        items = value._data.items()
+        items = value.items()
         count = len(items)
         total = 1 + 2 * count if count else 2
         for key, item in items:
@@ -209,14 +206,9 @@ def _freeze_parameters(parameters: dict[str, JsonValue]) -> FrozenDict:
     """Freeze a parameter mapping whose values are already frozen JSON."""
     if not parameters:
         return _EMPTY_PARAMETERS
-    if len(parameters) <= MAX_JSON_KEYS and all(
-        type(value) in _SCALARS or type(value) is float for value in parameters.values()
-    ):
-        # Frozen scalars need no walk: one level, one key and value each.
-        # Floats here came from ``_freeze_value`` and are finite.
-        count = len(parameters)
-        return FrozenDict._trusted(parameters, count, count, 1)
-    return freeze_object(parameters)
+    # A flat object of scalars is copied without a walk; frozen members
+    # are reused with their recorded counts.
+    return FrozenDict(parameters)
 
 
 class PlanBindingResolver:

@@ -10,9 +10,9 @@ from __future__ import annotations
 
 import json as _json
 import math
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterable, Mapping
 from json.encoder import encode_basestring as _encode_str
-from typing import Any, TypeAlias, Union
+from typing import Any, Self, TypeAlias, TypeVar, Union
 
 from dagwerk.constants import MAX_JSON_DEPTH, MAX_JSON_KEYS, MAX_JSON_VALUES
 from dagwerk.errors import JsonLimitError
@@ -26,76 +26,44 @@ JsonWireValue: TypeAlias = Union[  # noqa: UP007
     JsonScalar, list["JsonWireValue"], dict[str, "JsonWireValue"]
 ]
 
-_IMMUTABLE = "routing JSON is immutable"
+_IMMUTABLE = (
+    "this mapping is immutable; make a mutable copy with dict(value), "
+    "or dagwerk.thaw_json(value) for a deep one"
+)
+_set = object.__setattr__
 
 # log10(2): turns a bit length into a decimal digit estimate.
 _LOG10_2 = 0.30102999566398120
 
 
-class FrozenDict(Mapping[str, JsonValue]):
-    """An immutable JSON object. The constructor deep-freezes its input.
+_K = TypeVar("_K")
+_V = TypeVar("_V")
 
-    It is deliberately not a ``dict`` subclass, so even ``dict.__setitem__``
-    cannot change it; ``copy`` and ``deepcopy`` return the same object.
+
+class ReadOnlyDict(dict[_K, _V]):
+    """A ``dict`` whose every mutating method and operator raises
+    :class:`TypeError`: it passes ``isinstance(value, dict)``, ``json.dumps``
+    writes it as it is, and ``pickle``, ``copy.copy`` and ``copy.deepcopy``
+    give an equal, still read-only value. Read-only is shallow: the members
+    are whatever was given. ``copy()`` and ``|`` return a new plain ``dict``.
+    Only a deliberate bypass (``dict.__setitem__(value, ...)``) can change
+    one.
     """
 
-    __slots__ = ("_data", "_depth", "_keys", "_values")
+    __slots__ = ()
 
-    _data: dict[str, JsonValue]
-    _keys: int
-    _values: int
-    _depth: int
-
-    def __init__(self, values: Mapping[str, object] | None = None) -> None:
-        if values is None:
-            values = {}
-        elif not isinstance(values, Mapping):
-            raise JsonLimitError("value must be a JSON object", code="json_invalid")
-        if type(values) is dict and len(values) <= MAX_JSON_KEYS:
-            # The common case (a flat object of plain scalars, e.g. the fields
-            # of an output) needs no recursive walk; the counts are those the
-            # walk records: one key and one value per member, depth 1.
-            flat = _flat_copy(values)
-            if flat is not None:
-                n = len(flat)
-                object.__setattr__(self, "_data", flat)
-                object.__setattr__(self, "_keys", n)
-                object.__setattr__(self, "_values", n)
-                object.__setattr__(self, "_depth", 1 if n else 0)
-                return
-        frozen = _freeze(values, 1, _Counter())
-        assert isinstance(frozen, FrozenDict)
-        for name in self.__slots__:
-            object.__setattr__(self, name, object.__getattribute__(frozen, name))
-
-    @classmethod
-    def _trusted(cls, data: dict[str, JsonValue], keys: int, values: int, depth: int) -> FrozenDict:
-        self = object.__new__(cls)
-        object.__setattr__(self, "_data", data)
-        object.__setattr__(self, "_keys", keys)
-        object.__setattr__(self, "_values", values)
-        object.__setattr__(self, "_depth", depth)
+    def __new__(cls, values: Mapping[_K, _V] | Iterable[tuple[_K, _V]] = ()) -> Self:
+        self = dict.__new__(cls)
+        dict.update(self, values)
         return self
 
-    def __getitem__(self, key: str) -> JsonValue:
-        return self._data[key]
-
-    def __iter__(self) -> Iterator[str]:
-        return iter(self._data)
-
-    def __len__(self) -> int:
-        return len(self._data)
-
-    def __contains__(self, key: object) -> bool:
-        return key in self._data
-
-    def get(self, key: str, default: Any = None) -> Any:
-        # Direct lookup: filters and selection call this once per output and
-        # rule, and the inherited ``Mapping.get`` costs two Python calls.
-        return self._data.get(key, default)
+    def __init__(self, values: Mapping[_K, _V] | Iterable[tuple[_K, _V]] = ()) -> None:
+        # Everything happens in ``__new__``: calling ``__init__`` again
+        # changes nothing.
+        pass
 
     def __repr__(self) -> str:
-        return f"FrozenDict({self._data!r})"
+        return f"{type(self).__name__}({dict.__repr__(self)})"
 
     def __setattr__(self, name: str, value: object) -> None:
         raise TypeError(_IMMUTABLE)
@@ -103,25 +71,95 @@ class FrozenDict(Mapping[str, JsonValue]):
     def __delattr__(self, name: str) -> None:
         raise TypeError(_IMMUTABLE)
 
-    def __setitem__(self, key: str, value: object) -> None:
+    def __setitem__(self, key: _K, value: _V) -> None:
         raise TypeError(_IMMUTABLE)
 
-    def __delitem__(self, key: str) -> None:
+    def __delitem__(self, key: _K) -> None:
         raise TypeError(_IMMUTABLE)
 
-    def __ior__(self, other: object) -> FrozenDict:
+    def __ior__(self, other: object) -> Self:  # type: ignore[misc,override]
         raise TypeError(_IMMUTABLE)
 
-    def __copy__(self) -> FrozenDict:
+    def clear(self) -> None:
+        raise TypeError(_IMMUTABLE)
+
+    def pop(self, key: _K, default: object = None) -> _V:
+        raise TypeError(_IMMUTABLE)
+
+    def popitem(self) -> tuple[_K, _V]:
+        raise TypeError(_IMMUTABLE)
+
+    def setdefault(self, key: _K, default: object = None) -> _V:
+        raise TypeError(_IMMUTABLE)
+
+    def update(self, *args: object, **kwargs: object) -> None:
+        raise TypeError(_IMMUTABLE)
+
+    def __copy__(self) -> Self:
         return self
 
-    def __deepcopy__(self, memo: dict[int, object]) -> FrozenDict:
+    def __reduce__(self) -> tuple[type[Self], tuple[dict[_K, _V]]]:
+        # Rebuilt through the constructor; ``copy.deepcopy`` copies the
+        # members on the way.
+        return (type(self), (dict(self),))
+
+
+class FrozenDict(ReadOnlyDict[str, JsonValue]):
+    """An immutable JSON object: a read-only ``dict`` whose constructor
+    deep-freezes its input (nested objects become ``FrozenDict``, arrays
+    tuples) and enforces the JSON limits. It is hashable, and ``copy.copy``
+    and ``copy.deepcopy`` return the same object; :func:`thaw_json` makes a
+    deep mutable copy.
+    """
+
+    __slots__ = ("_depth", "_keys", "_values")
+
+    _keys: int
+    _values: int
+    _depth: int
+
+    def __new__(cls, values: Mapping[str, object] | None = None) -> Self:
+        if values is None:
+            values = {}
+        elif not isinstance(values, Mapping):
+            raise JsonLimitError("value must be a JSON object", code="json_invalid")
+        if type(values) is dict and len(values) <= MAX_JSON_KEYS and _is_flat(values):
+            # The common case (a flat object of plain scalars, e.g. the fields
+            # of an output) needs no recursive walk; the counts are those the
+            # walk records: one key and one value per member, depth 1.
+            n = len(values)
+            return cls._trusted(values, n, n, 1 if n else 0)
+        frozen = _freeze(values, 1, _Counter())
+        assert isinstance(frozen, FrozenDict)
+        if type(frozen) is cls:
+            return frozen
+        return cls._trusted(frozen, frozen._keys, frozen._values, frozen._depth)
+
+    def __init__(self, values: Mapping[str, object] | None = None) -> None:
+        pass
+
+    @classmethod
+    def _trusted(cls, data: Mapping[str, JsonValue], keys: int, values: int, depth: int) -> Self:
+        self = dict.__new__(cls)
+        dict.update(self, data)
+        _set(self, "_keys", keys)
+        _set(self, "_values", values)
+        _set(self, "_depth", depth)
         return self
 
-    def __reduce__(self) -> tuple[type[FrozenDict], tuple[dict[str, JsonWireValue]]]:
-        return (FrozenDict, ({k: thaw_json(v) for k, v in self._data.items()},))
+    def get(self, key: str, default: Any = None) -> Any:
+        # Typed ``Any`` like a value read from parsed JSON, so that
+        # ``.get("items", ())`` needs no narrowing in plugin code.
+        return dict.get(self, key, default)
 
-    def __hash__(self) -> int:
+    @classmethod
+    def fromkeys(cls, keys: Iterable[str], value: object = None) -> Self:  # type: ignore[override]
+        return cls(dict.fromkeys(keys, value))
+
+    def __deepcopy__(self, memo: dict[int, object]) -> Self:
+        return self
+
+    def __hash__(self) -> int:  # type: ignore[override]
         return hash(json_equality_key(self))
 
     @classmethod
@@ -156,21 +194,19 @@ class _Counter:
         self.depth = 0  # deepest absolute container level seen so far
 
 
-def _flat_copy(values: dict[Any, object]) -> dict[str, JsonValue] | None:
-    """A copy of ``values`` if every key is a ``str`` and every value a plain
+def _is_flat(values: dict[Any, object]) -> bool:
+    """Whether every key of ``values`` is a ``str`` and every value a plain
     JSON scalar (exact ``str``, ``int``, ``bool``, ``None`` or finite
-    ``float``); ``None`` otherwise (the caller then walks it)."""
-    data: dict[str, JsonValue] = {}
+    ``float``); anything else is walked by :func:`_freeze`."""
     for key, item in values.items():
         if type(key) is not str:
-            return None
+            return False
         if isinstance(item, float):
             if type(item) is not float or not math.isfinite(item):
-                return None
+                return False
         elif not (item is None or type(item) in _PLAIN_SCALARS):
-            return None
-        data[key] = item  # type: ignore[assignment]
-    return data
+            return False
+    return True
 
 
 _PLAIN_SCALARS = (str, int, bool)
@@ -298,8 +334,6 @@ def thaw_json(value: object) -> JsonWireValue:
     input nested deeper than the interpreter's recursion limit raises
     ``RecursionError``.
     """
-    if isinstance(value, FrozenDict):
-        return {k: thaw_json(v) for k, v in value._data.items()}
     if isinstance(value, Mapping):
         return {k: thaw_json(v) for k, v in value.items()}
     if isinstance(value, (tuple, list)):

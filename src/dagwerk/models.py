@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import re
 from collections.abc import Mapping
-from types import MappingProxyType
 from typing import (
     TYPE_CHECKING,
     Annotated,
@@ -23,6 +22,7 @@ from typing import (
 )
 
 from pydantic import (
+    AfterValidator,
     BaseModel,
     ConfigDict,
     Field,
@@ -34,6 +34,7 @@ from pydantic import (
     field_validator,
     model_validator,
 )
+from typing_extensions import TypeAliasType
 
 from dagwerk._trusted import trusted_model
 from dagwerk.constants import (
@@ -55,7 +56,14 @@ from dagwerk.constants import (
     SortOrder,
 )
 from dagwerk.errors import ExpressionError, MaterializationError, PlanningError
-from dagwerk.json import FrozenDict, JsonValue, bounded_json_size, freeze_json, thaw_json
+from dagwerk.json import (
+    FrozenDict,
+    JsonValue,
+    ReadOnlyDict,
+    bounded_json_size,
+    freeze_json,
+    thaw_json,
+)
 
 __all__ = [
     "DagNode",
@@ -124,11 +132,16 @@ if TYPE_CHECKING:
     JsonField: TypeAlias = JsonValue
 else:
     # The recursive alias is for type checkers; pydantic only needs the hooks.
+    # Model schemas name the JSON value type once under ``$defs`` as
+    # ``JsonValue`` and refer to it.
+    _JsonSchemaValue = TypeAliasType(
+        "JsonValue",
+        "bool | int | float | str | list[_JsonSchemaValue] | dict[str, _JsonSchemaValue] | None",
+    )
     JsonField = Annotated[
         Any,
-        PlainValidator(_freeze_json_field),
-        PlainSerializer(thaw_json, return_type=Any),
-        WithJsonSchema({}),
+        PlainValidator(_freeze_json_field, json_schema_input_type=_JsonSchemaValue),
+        PlainSerializer(thaw_json, return_type=_JsonSchemaValue),
     ]
 
 
@@ -360,7 +373,7 @@ def _check_fields_size(value: FrozenDict) -> FrozenDict:
 def _read_only_copy(value: object) -> Mapping[str, object]:
     if not isinstance(value, Mapping):
         raise ValueError("data must be a mapping")
-    return MappingProxyType(dict(value))
+    return value if type(value) is ReadOnlyDict else ReadOnlyDict(value)
 
 
 OutputFields: TypeAlias = FrozenDict
@@ -420,7 +433,7 @@ def _secret_refs(value: object) -> Mapping[str, str]:
             raise ValueError("secret reference targets must not be empty")
         if not name:
             raise ValueError("secret reference names must not be empty")
-    return MappingProxyType(dict(value))
+    return value if type(value) is ReadOnlyDict else ReadOnlyDict(value)
 
 
 SecretRefs: TypeAlias = Annotated[
@@ -444,7 +457,7 @@ class TaskInputPlan(_FrozenModel):
     generation: StrictIndex
     edges: tuple[PlannedEdgeInput, ...] = Field(default=(), max_length=MAX_INPUT_EDGES_PER_NODE)
     parameters: OutputFields = Field(default_factory=FrozenDict)
-    secret_refs: SecretRefs = Field(default_factory=lambda: MappingProxyType({}))
+    secret_refs: SecretRefs = Field(default_factory=ReadOnlyDict)
     correlation_id: OutputId | None = None
 
     @model_validator(mode="after")
@@ -492,7 +505,7 @@ class EmittedOutput(_FrozenModel):
 
     id: OutputId
     fields: OutputFields = Field(default_factory=FrozenDict)
-    data: ReadOnlyData = Field(default_factory=lambda: MappingProxyType({}))
+    data: ReadOnlyData = Field(default_factory=ReadOnlyDict)
 
     @field_validator("fields")
     @classmethod
@@ -501,6 +514,7 @@ class EmittedOutput(_FrozenModel):
 
 
 _ID_AND_FIELDS = frozenset({"id", "fields"})
+_NO_DATA: ReadOnlyDict[str, object] = ReadOnlyDict()
 
 
 def emitted_output(output_id: str, fields: dict[str, object]) -> EmittedOutput:
@@ -520,7 +534,7 @@ def emitted_output(output_id: str, fields: dict[str, object]) -> EmittedOutput:
         else:
             return trusted_model(
                 EmittedOutput,
-                {"id": output_id, "fields": frozen, "data": MappingProxyType({})},
+                {"id": output_id, "fields": frozen, "data": _NO_DATA},
                 _ID_AND_FIELDS,
             )
     return EmittedOutput(id=output_id, fields=fields)
@@ -531,7 +545,7 @@ class ResolvedOutput(_FrozenModel):
 
     id: OutputId
     fields: OutputFields = Field(default_factory=FrozenDict)
-    data: ReadOnlyData = Field(default_factory=lambda: MappingProxyType({}))
+    data: ReadOnlyData = Field(default_factory=ReadOnlyDict)
 
     @field_validator("fields")
     @classmethod
@@ -542,7 +556,7 @@ class ResolvedOutput(_FrozenModel):
 class TaskInputs(_FrozenModel):
     """What a plugin receives: resolved outputs per edge and the plan's parameters."""
 
-    edges: Mapping[str, tuple[ResolvedOutput, ...]]
+    edges: Annotated[Mapping[str, tuple[ResolvedOutput, ...]], AfterValidator(ReadOnlyDict)]
     parameters: OutputFields = Field(default_factory=FrozenDict)
 
 
@@ -551,8 +565,8 @@ class PlanningSnapshot(_FrozenModel):
 
     token: NonEmptyStr
     generation: StrictIndex
-    outputs_by_edge: Mapping[str, tuple[OutputRef, ...]]
-    source_dispositions: Mapping[str, NodeDisposition]
+    outputs_by_edge: Annotated[Mapping[str, tuple[OutputRef, ...]], AfterValidator(ReadOnlyDict)]
+    source_dispositions: Annotated[Mapping[str, NodeDisposition], AfterValidator(ReadOnlyDict)]
     runtime_inputs: OutputFields = Field(default_factory=FrozenDict)
 
 

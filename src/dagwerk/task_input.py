@@ -3,10 +3,10 @@
 from __future__ import annotations
 
 from collections.abc import Mapping
-from types import MappingProxyType
 
 from dagwerk._trusted import trusted_model
 from dagwerk.errors import MaterializationError
+from dagwerk.json import ReadOnlyDict
 from dagwerk.models import ResolvedOutput, TaskInputPlan, TaskInputs
 from dagwerk.store import OutputResolver
 
@@ -51,5 +51,5 @@ def resolve_task_inputs(store: OutputResolver, *, run_id: str, plan: TaskInputPl
             )
     edges = {edge.edge: tuple(resolved[oid] for oid in edge.output_ids) for edge in plan.edges}
     return trusted_model(
-        TaskInputs, {"edges": MappingProxyType(edges), "parameters": plan.parameters}
+        TaskInputs, {"edges": ReadOnlyDict(edges), "parameters": plan.parameters}
     )

@@ -265,3 +265,30 @@ def test_the_worker_command_freezes_its_start_up_heap(cli: Cli, tmp_path: Path) 
     (output,) = result.outputs["probe"]
     frozen = output.fields["frozen"]
     assert isinstance(frozen, int) and frozen > 1000, frozen
+
+
+@pytest.mark.parametrize(("response", "published"), [("true", True), ("false", False)])
+def test_the_readme_approval_tour_publishes_only_an_approved_post(
+    cli: Cli, response: str, published: bool
+) -> None:
+    # README, "Run workers in other processes", step by step (a burst worker
+    # stands in for the worker terminals).
+    submitted = cli("submit", APPROVAL, "--input", '{"topic": "dagwerk 1.0"}')
+    assert submitted.returncode == 0, submitted.stderr
+    run_id = submitted.stdout.strip()
+    assert cli("worker", "--pipeline", APPROVAL, "--concurrency", "8", "--burst").returncode == 0
+    (wait,) = cli.json("show", run_id)["waits"]
+    resumed = cli(
+        "resume", wait["task_id"], "approval", "--response", f'{{"approved": {response}}}'
+    )
+    assert resumed.returncode == 0, resumed.stderr
+    assert cli("worker", "--pipeline", APPROVAL, "--concurrency", "8", "--burst").returncode == 0
+    shown = cli.json("show", run_id)
+    assert shown["run"]["status"] == "completed"
+    publish = {node["slug"]: node for node in shown["nodes"]}["publish"]
+    assert publish["tasks"] == ({"completed": 1} if published else {})
+    from dagwerk import Engine
+
+    with Engine(cli.db) as engine:
+        posts = [output.fields for output in engine.result(run_id).outputs.get("publish", ())]
+    assert posts == ([{"published": "Announcing dagwerk 1.0"}] if published else [])

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable
-from types import MappingProxyType
 from typing import Any
 
 import pytest
@@ -23,7 +23,7 @@ from dagwerk.constants import (
     LaunchCreateStatus,
     NodeDisposition,
 )
-from dagwerk.json import FrozenDict, canonical_json_bytes
+from dagwerk.json import FrozenDict, ReadOnlyDict, canonical_json_bytes
 from dagwerk.models import (
     DagNode,
     EdgeFilter,
@@ -555,9 +555,9 @@ def test_output_data_is_a_read_only_copy(model: type[Any]) -> None:
     source["path"] = "/elsewhere"
     source["extra"] = True
     assert dict(output.data) == {"path": "/tmp/x", "rows": [1, 2]}
-    assert isinstance(output.data, MappingProxyType)
-    with pytest.raises(TypeError):
-        output.data["path"] = "changed"  # type: ignore[index]
+    assert isinstance(output.data, dict)
+    with pytest.raises(TypeError, match="immutable"):
+        output.data["path"] = "changed"
     # Data is not routing JSON: any Python value is kept, and not size-limited.
     marker = object()
     assert model(id="o", data={"handle": marker}).data["handle"] is marker
@@ -608,5 +608,44 @@ def test_emitted_output_equals_validation_or_raises_the_same(output_id: str, fie
     built = emitted_output(output_id, fields)
     assert built == expected
     assert built.model_fields_set == expected.model_fields_set
-    assert isinstance(built.fields, FrozenDict) and isinstance(built.data, MappingProxyType)
+    assert isinstance(built.fields, FrozenDict)
+    assert type(built.data) is type(expected.data) is ReadOnlyDict
     assert built.model_dump_json() == expected.model_dump_json()
+
+
+JSON_VALUE_SCHEMA = {
+    "anyOf": [
+        {"type": "boolean"},
+        {"type": "integer"},
+        {"type": "number"},
+        {"type": "string"},
+        {"items": {"$ref": "#/$defs/JsonValue"}, "type": "array"},
+        {"additionalProperties": {"$ref": "#/$defs/JsonValue"}, "type": "object"},
+        {"type": "null"},
+    ]
+}
+
+
+@pytest.mark.parametrize(
+    ("model", "fields"),
+    [(LiteralSource, ["value"]), (RuntimeSource, ["default"]), (FilterRule, ["value"])],
+)
+@pytest.mark.parametrize("mode", ["validation", "serialization"])
+def test_json_valued_fields_refer_to_one_json_value_definition(
+    model: type[Any], fields: list[str], mode: str
+) -> None:
+    schema = model.model_json_schema(mode=mode)
+    assert schema["$defs"]["JsonValue"] == JSON_VALUE_SCHEMA
+    for name in fields:
+        assert schema["properties"][name]["$ref"] == "#/$defs/JsonValue"
+
+
+def test_the_pipeline_schema_names_the_json_value_type_once() -> None:
+    from dagwerk.pipeline_file import pipeline_json_schema
+
+    schema = pipeline_json_schema()
+    assert schema["$defs"]["JsonValue"] == JSON_VALUE_SCHEMA
+    literal = schema["$defs"]["LiteralSource"]["properties"]["value"]
+    assert literal["$ref"] == "#/$defs/JsonValue"
+    text = json.dumps(schema)
+    assert text.count('"anyOf": [{"type": "boolean"}, {"type": "integer"}') == 1

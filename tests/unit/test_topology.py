@@ -141,7 +141,7 @@ def test_gv_15_topology_normalises_raw_bindings_without_touching_the_caller() ->
 
     frozen = topology.nodes[0].bindings["value"]
     assert isinstance(frozen, LiteralSource)
-    assert frozen.value == {"enabled": True}  # type: ignore[comparison-overlap]
+    assert frozen.value == {"enabled": True}
     assert node.bindings["value"] is binding  # type: ignore[comparison-overlap]
 
 

@@ -4,12 +4,11 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from types import MappingProxyType
 from typing import Any
 
 from dagwerk.constants import RUN_TERMINAL_STATUSES, RunStatus, TaskStatus
 from dagwerk.errors import DagwerkError
-from dagwerk.json import thaw_json
+from dagwerk.json import ReadOnlyDict, thaw_json
 from dagwerk.models import ResolvedOutput
 
 __all__ = ["RunNotFoundError", "RunProgress", "RunResult", "read_progress", "read_result"]
@@ -29,9 +28,7 @@ class RunResult:
     run_id: str
     status: RunStatus
     error: str | None
-    outputs: Mapping[str, tuple[ResolvedOutput, ...]] = field(
-        default_factory=lambda: MappingProxyType({})
-    )
+    outputs: Mapping[str, tuple[ResolvedOutput, ...]] = field(default_factory=ReadOnlyDict)
 
     @property
     def ok(self) -> bool:
@@ -105,7 +102,7 @@ def read_progress(store: Any, run_id: str) -> RunProgress:
         status=run.status,
         nodes_total=run.node_count,
         nodes_settled=run.settled_nodes,
-        tasks=MappingProxyType(counts),
+        tasks=ReadOnlyDict(counts),
         error=run.error,
     )
 
@@ -125,5 +122,5 @@ def read_result(store: Any, run_id: str) -> RunResult:
         run_id=run_id,
         status=run.status,
         error=run.error,
-        outputs=MappingProxyType(outputs),
+        outputs=ReadOnlyDict(outputs),
     )

@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 from collections.abc import Mapping
-from types import MappingProxyType
 
 from dagwerk.constants import LaunchCreateStatus, NodeDisposition, RunStatus, TaskStatus
+from dagwerk.json import ReadOnlyDict
 from dagwerk.models import (
     LaunchCreateResult,
     NodeLaunch,
@@ -97,8 +97,8 @@ class LaunchesMixin(MemoryStoreBase):
             return PlanningSnapshot.model_construct(
                 token=self._token(run, node_index),
                 generation=run.generations[node_index],
-                outputs_by_edge=MappingProxyType(outputs_by_edge),
-                source_dispositions=MappingProxyType(dispositions),
+                outputs_by_edge=ReadOnlyDict(outputs_by_edge),
+                source_dispositions=ReadOnlyDict(dispositions),
                 runtime_inputs=run.run_input,
             )
 

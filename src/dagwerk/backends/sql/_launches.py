@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import json
 from collections.abc import Mapping
-from types import MappingProxyType
 
 from dagwerk._trusted import trusted_model
 from dagwerk.constants import LaunchCreateStatus, NodeDisposition, RunStatus, TaskStatus
+from dagwerk.json import ReadOnlyDict
 from dagwerk.models import (
     LaunchCreateResult,
     NodeLaunch,
@@ -188,8 +188,8 @@ class LaunchesMixin(ClaimAheadMixin):
             return PlanningSnapshot.model_construct(
                 token=token,
                 generation=generation,
-                outputs_by_edge=MappingProxyType(outputs_by_edge),
-                source_dispositions=MappingProxyType(dispositions),
+                outputs_by_edge=ReadOnlyDict(outputs_by_edge),
+                source_dispositions=ReadOnlyDict(dispositions),
                 runtime_inputs=loads_object(run["run_input"]),
             )
 
@@ -498,6 +498,6 @@ def _resolved(output_id: str, fields: str, data: str) -> ResolvedOutput:
         {
             "id": output_id,
             "fields": loads_object(fields),
-            "data": MappingProxyType(json.loads(data)),
+            "data": ReadOnlyDict(json.loads(data)),
         },
     )

@@ -26,11 +26,10 @@ from __future__ import annotations
 import json
 import threading
 from collections import OrderedDict
-from types import MappingProxyType
 
 from dagwerk._trusted import trusted_model
 from dagwerk.constants import InputRole
-from dagwerk.json import freeze_object
+from dagwerk.json import ReadOnlyDict, freeze_object
 from dagwerk.models import PlannedEdgeInput, TaskInputPlan
 
 __all__ = ["parse_plan", "remember_plan"]
@@ -124,7 +123,7 @@ def _trusted(text: str) -> TaskInputPlan:
                 "generation": raw["generation"],
                 "edges": tuple(edges),
                 "parameters": freeze_object(raw["parameters"]),
-                "secret_refs": MappingProxyType(dict(raw["secret_refs"])),
+                "secret_refs": ReadOnlyDict(raw["secret_refs"]),
                 "correlation_id": raw["correlation_id"],
             },
         )
