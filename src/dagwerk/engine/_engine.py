@@ -385,9 +385,10 @@ class Engine:
         task, a wait ID the task never waited on, a wait invalidated before it
         was resumed (its run was cancelled or failed, or its node re-run), or
         a wait the store refuses to resume for another reason (the message
-        gives the task's status). ``ValueError`` for a malformed wait ID. A store without
-        :class:`~dagwerk.store.WaitRecordStore` is asked with the task's
-        current attempt: there only the first resume succeeds.
+        gives the task's status). ``ValueError`` for a malformed wait ID.
+
+        A store without :class:`~dagwerk.store.WaitRecordStore` is asked with
+        the task's current attempt: there only the first resume succeeds.
         """
         validate_wait_id(wait_id)
         task = self._store.get_task(task_id)
