@@ -1,5 +1,6 @@
 """The dagwerk extensions of the store protocols: the durable queue, batched
-worker operations, the gated-dispatch backstop, child runs and budgets.
+worker operations, the gated-dispatch backstop, stored waits, child runs and
+budgets.
 
 Re-exported by :mod:`dagwerk.store`, which holds the seed's protocols; import
 them from there.
@@ -379,6 +380,43 @@ class BackstopStore(Protocol):
 
     def run_status_counts(self) -> Mapping[RunStatus, int]:
         """How many runs have each status (absent: none). Read-only."""
+        ...
+
+
+# --- dagwerk extension: stored waits -------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class WaitRecord:
+    """One wait of a task as the store keeps it: written by ``try_wait_task``
+    and kept after the wait is resolved or invalidated (WT-16)."""
+
+    task_id: str
+    wait_id: str
+    attempt_id: str
+    """The attempt that entered the wait: the ``expected_attempt_id`` that
+    resumes it and that an exact repeat of the resume passes again."""
+    generation: int
+    resumed_attempt_id: str | None
+    """The attempt the resume created; ``None`` while the wait is unresolved."""
+    invalidated: bool
+    """The wait was invalidated before it was resolved (its run was cancelled
+    or failed, or its node's generation was replaced): it cannot be resumed."""
+
+
+@runtime_checkable
+class WaitRecordStore(Protocol):
+    """Reads the stored waits of a task (dagwerk extension).
+
+    Lets a caller that knows only the task and the wait ID (``Engine.resume``,
+    ``dagwerk resume``) repeat a resume exactly: the attempt that entered the
+    wait stays in the record, while the task row moves on to later attempts.
+    """
+
+    def get_wait(self, task_id: str, wait_id: str) -> WaitRecord | None:
+        """The task's wait ``wait_id``, resolved and invalidated ones included;
+        ``None`` for an unknown task or a wait ID the task never waited on.
+        Read-only."""
         ...
 
 

@@ -32,6 +32,8 @@ from dagwerk._store_extensions import (
     QueueStats,
     StallRecord,
     UnitOfWorkStore,
+    WaitRecord,
+    WaitRecordStore,
 )
 from dagwerk._store_types import (
     AttemptRecord,
@@ -117,6 +119,8 @@ __all__ = [
     "TaskResumeResult",
     "TaskWaitResult",
     "UnitOfWorkStore",
+    "WaitRecord",
+    "WaitRecordStore",
     "validate_output_batch_routing_size",
     "validate_output_batch_size",
     "validate_queue_names",

@@ -95,18 +95,35 @@ def rerun(run_id: str, nodes: tuple[str, ...], db: str) -> None:
 @click.argument("wait_id", metavar="WAIT_ID")
 @click.option("--response", metavar="JSON", help="JSON stored for the resumed attempt.")
 @db_option
-def resume(task_id: str, wait_id: str, response: str | None, db: str) -> None:
+@json_option
+def resume(task_id: str, wait_id: str, response: str | None, db: str, as_json: bool) -> None:
     """Resume a waiting task; a worker runs its next attempt.
 
-    `dagwerk show RUN` lists waiting tasks with their wait IDs.
+    `dagwerk show RUN` lists waiting tasks with their wait IDs. Repeating the
+    command is safe: it prints the first resume's result and queues nothing
+    (the first response stays).
 
     \b
-    Example:
+    Examples:
       dagwerk resume 8c1d...-task approval:8c1d... --response '{"approved": true}'
+      dagwerk resume 8c1d...-task approval:8c1d... --json
     """
     value = parse_json_argument(response, "--response") if response is not None else None
     with open_engine(db) as engine:
         result = engine.resume(task_id, wait_id, response=value)
+    if as_json:
+        echo_json(
+            {
+                "task_id": result.task_id,
+                "wait_id": result.wait_id,
+                "run_id": result.run_id,
+                "node_index": result.node_index,
+                "generation": result.generation,
+                "waiting_attempt_id": result.waiting_attempt_id,
+                "resumed_attempt_id": result.resumed_attempt_id,
+            }
+        )
+        return
     click.echo(f"task {task_id}: resumed from {wait_id} as attempt {result.resumed_attempt_id}")
 
 

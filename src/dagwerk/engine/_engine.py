@@ -10,7 +10,6 @@ database.
 
 from __future__ import annotations
 
-import inspect
 import threading
 import time
 import uuid
@@ -34,7 +33,15 @@ from dagwerk.runtime.plugins import CostEstimateFn, PluginFn
 from dagwerk.runtime.retry_policy import RetryPolicy
 from dagwerk.runtime.worker import Worker
 from dagwerk.schema import get_pipeline_input_schema, merge_run_input
-from dagwerk.store import DagBudgetStore, DeadLetter, RunRecord, TaskRecord, TaskResumeResult
+from dagwerk.store import (
+    DagBudgetStore,
+    DeadLetter,
+    RunRecord,
+    TaskRecord,
+    TaskResumeResult,
+    WaitRecordStore,
+    validate_wait_id,
+)
 from dagwerk.waiting import resume_task
 
 from ._plugins import EngineRegistry, import_plugin_modules
@@ -141,6 +148,9 @@ class Engine:
         # DagRetryStore, DagRunStore, OutputResolver, DagQueueStore); Python has
         # no intersection type, hence Any.
         self._store: Any = open_store(self.url, **store_options)
+        self._wait_records: WaitRecordStore | None = (
+            self._store if isinstance(self._store, WaitRecordStore) else None
+        )
         self._workers: list[Worker] = []
         self._closed = False
 
@@ -365,35 +375,59 @@ class Engine:
         """Resolve the task's wait ``wait_id``; a new attempt is queued for any worker.
 
         ``response`` (JSON) is stored with the wait for the resumed attempt to
-        read. Raises :class:`ResumeRejectedError` when the task is not waiting
-        under ``wait_id`` (an exact repeat returns the first result).
+        read. The resume is fenced by the attempt that entered the wait, read
+        from the store's record of the wait, so an exact repeat (same task and
+        wait ID) returns the first result and queues nothing, also after the
+        resumed attempt has run or the run has changed since; the first
+        response stays and a repeat's ``response`` is ignored.
+
+        Raises :class:`ResumeRejectedError` (nothing changed) for an unknown
+        task, a wait ID the task never waited on, a wait invalidated before it
+        was resumed (its run was cancelled or failed, or its node re-run), or
+        a wait the store refuses to resume for another reason (the message
+        gives the task's status). ``ValueError`` for a malformed wait ID.
+
+        A store without :class:`~dagwerk.store.WaitRecordStore` is asked with
+        the task's current attempt: there only the first resume succeeds.
         """
+        validate_wait_id(wait_id)
         task = self._store.get_task(task_id)
         if task is None:
             raise ResumeRejectedError(f"task {task_id!r} does not exist", field="task_id")
-        options: dict[str, object] = {}
-        if response is not None:
-            if "response" not in inspect.signature(resume_task).parameters:
-                raise UnsupportedOperationError(
-                    "this dagwerk cannot store a resume response yet; resume without one"
-                )
-            options["response"] = response
+        attempt_id, generation = task.attempt_id, task.generation
+        if self._wait_records is not None:
+            wait = self._wait_records.get_wait(task_id, wait_id)
+            if wait is None:
+                raise ResumeRejectedError(self._resume_refusal(task_id, wait_id), field="wait_id")
+            attempt_id, generation = wait.attempt_id, wait.generation
         result = resume_task(
             self._store,
             task_id,
             wait_id,
-            expected_attempt_id=task.attempt_id,
-            expected_generation=task.generation,
-            **options,
+            expected_attempt_id=attempt_id,
+            expected_generation=generation,
+            response=response,
         )
         if result is None:
-            waiting = f" (waiting on {task.active_wait_id!r})" if task.active_wait_id else ""
-            raise ResumeRejectedError(
-                f"task {task_id!r} cannot be resumed under {wait_id!r}: "
-                f"it is {task.status.value}{waiting}",
-                field="wait_id",
-            )
+            raise ResumeRejectedError(self._resume_refusal(task_id, wait_id), field="wait_id")
         return result
+
+    def _resume_refusal(self, task_id: str, wait_id: str) -> str:
+        # Read after the refusal, so the message describes the state that refused.
+        task: TaskRecord | None = self._store.get_task(task_id)
+        wait = None if self._wait_records is None else self._wait_records.get_wait(task_id, wait_id)
+        prefix = f"task {task_id!r} cannot be resumed under {wait_id!r}"
+        if wait is not None and wait.invalidated:
+            return (
+                f"{prefix}: the wait was invalidated before it was resumed "
+                "(its run was cancelled or failed, or its node re-run)"
+            )
+        if task is None:
+            return f"task {task_id!r} does not exist"
+        waiting = f" (waiting on {task.active_wait_id!r})" if task.active_wait_id else ""
+        if self._wait_records is not None and wait is None:
+            return f"{prefix}: the task never waited on it{waiting}"
+        return f"{prefix}: it is {task.status.value}{waiting}"
 
     # --- workers -----------------------------------------------------------------
 

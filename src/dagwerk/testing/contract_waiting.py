@@ -1,7 +1,9 @@
-"""Contract tests: waiting, resumption and recovery (WT-01..WT-16)."""
+"""Contract tests: waiting, resumption and recovery (WT-01..WT-16), and the
+stored wait records of :class:`~dagwerk.store.WaitRecordStore`."""
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Any
 
 import pytest
@@ -18,6 +20,8 @@ from dagwerk.store import (
     StoreContractError,
     TaskResumeResult,
     TaskWaitResult,
+    WaitRecord,
+    WaitRecordStore,
 )
 from dagwerk.testing.helpers import (
     CallbackLog,
@@ -490,6 +494,41 @@ def test_wt_16_wait_resume_and_recovery_records_outlive_the_task_row(
         recover_task(store, tid, expected_attempt_id=won.attempt_id, expected_generation=gen)
         == recovered
     )
+
+
+def test_wt_16_get_wait_reads_the_wait_records(store: ContractStore) -> None:
+    # WaitRecordStore (a dagwerk extension): the attempt that entered a wait
+    # stays readable after the task row has moved on to later attempts.
+    assert isinstance(store, WaitRecordStore)
+    log, tid, aid, gen = _running(store)
+    assert store.get_wait(tid, "first") is None
+    _wait(store, tid, "first", aid, gen)
+    entered = WaitRecord(
+        task_id=tid,
+        wait_id="first",
+        attempt_id=aid,
+        generation=gen,
+        resumed_attempt_id=None,
+        invalidated=False,
+    )
+    assert store.get_wait(tid, "first") == entered
+    resumed = _resume(store, tid, "first", aid, gen)
+    assert resumed is not None
+    done = replace(entered, resumed_attempt_id=resumed.resumed_attempt_id)
+    assert store.get_wait(tid, "first") == done
+    second = claim(store, task(store, tid))
+    _wait(store, tid, "second", second.attempt_id, gen)
+    assert cancel_run(store, "run-1", callbacks=log.callbacks)
+    assert store.get_wait(tid, "second") == replace(
+        entered, wait_id="second", attempt_id=second.attempt_id, invalidated=True
+    )
+    retry_run(store, "run-1")
+    reconcile_run(store, "run-1", callbacks=log.callbacks)
+    # Resolved and invalidated waits are kept; a new generation reads them too.
+    assert store.get_wait(tid, "first") == done
+    assert store.get_wait(tid, "second") is not None
+    assert store.get_wait(tid, "never") is None
+    assert store.get_wait("no-such-task", "first") is None
 
 
 def test_wt_16_wrappers_reject_contradictory_wait_results(store: ContractStore) -> None:

@@ -29,7 +29,7 @@ from dagwerk.store import (
 from dagwerk.topology import RunTopology
 from dagwerk.transitions import check_task_transition
 
-from ._state import QueueRow, RunState, TaskState, WaitRecord, WaitState
+from ._state import QueueRow, RunState, TaskState, WaitEntry, WaitState
 
 _UNFINISHED = frozenset(
     {TaskStatus.PENDING, TaskStatus.QUEUED, TaskStatus.RUNNING, TaskStatus.WAITING}
@@ -70,7 +70,7 @@ class MemoryStoreBase:
         self._runs: dict[str, RunState] = {}
         self._tasks: dict[str, TaskState] = {}
         # (task_id, wait_id) -> record; kept after resolution and invalidation (WT-16).
-        self._waits: dict[tuple[str, str], WaitRecord] = {}
+        self._waits: dict[tuple[str, str], WaitEntry] = {}
         # (task_id, abandoned attempt, generation) -> first recovery result (WT-13).
         self._recoveries: dict[tuple[str, str, int], TaskRecoveryResult] = {}
         # Deliverable outbox rows in creation order; task -> its row ids.

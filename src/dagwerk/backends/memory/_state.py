@@ -101,7 +101,7 @@ class TaskState:
 
 
 @dataclass(slots=True)
-class WaitRecord:
+class WaitEntry:
     task_id: str
     wait_id: str
     attempt_id: str

@@ -20,6 +20,7 @@ from dagwerk.store import (
     TaskRecoveryResult,
     TaskResumeResult,
     TaskWaitResult,
+    WaitRecord,
     validate_output_batch_routing_size,
     validate_output_batch_size,
     validate_seconds,
@@ -27,7 +28,7 @@ from dagwerk.store import (
 )
 
 from ._base import MemoryStoreBase
-from ._state import OutputState, RunState, TaskState, WaitRecord, WaitState
+from ._state import OutputState, RunState, TaskState, WaitEntry, WaitState
 
 
 def _record(task: TaskState) -> TaskRecord:
@@ -393,7 +394,7 @@ class TasksMixin(MemoryStoreBase):
             self._set_status(run, task, TaskStatus.WAITING)
             task.active_wait_id = wait_id
             task.wait_ids.add(wait_id)
-            self._waits[(task_id, wait_id)] = WaitRecord(
+            self._waits[(task_id, wait_id)] = WaitEntry(
                 task_id=task_id,
                 wait_id=wait_id,
                 attempt_id=expected_attempt_id,
@@ -408,6 +409,21 @@ class TasksMixin(MemoryStoreBase):
         with self._lock:
             record = self._waits.get((task_id, wait_id))
             return None if record is None else record.response
+
+    def get_wait(self, task_id: str, wait_id: str) -> WaitRecord | None:
+        with self._lock:
+            entry = self._waits.get((task_id, wait_id))
+            if entry is None:
+                return None
+            resume = entry.resume
+            return WaitRecord(
+                task_id=entry.task_id,
+                wait_id=entry.wait_id,
+                attempt_id=entry.attempt_id,
+                generation=entry.generation,
+                resumed_attempt_id=None if resume is None else resume.resumed_attempt_id,
+                invalidated=entry.state is WaitState.INVALIDATED,
+            )
 
     def try_resume_task(
         self,

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dagwerk.constants import TaskStatus
 from dagwerk.json import JsonValue, freeze_json
-from dagwerk.store import TaskResumeResult, TaskWaitResult, validate_wait_id
+from dagwerk.store import TaskResumeResult, TaskWaitResult, WaitRecord, validate_wait_id
 
 from ._base import SqlStoreBase, dumps, loads_value
 from .gateway import Row
@@ -53,6 +53,20 @@ class WaitsMixin(SqlStoreBase):
             if row is None or row["response"] is None:
                 return None
             return loads_value(row["response"])
+
+    def get_wait(self, task_id: str, wait_id: str) -> WaitRecord | None:
+        with self._gw.read() as tx:
+            record = tx.one("wait_get", {"task_id": task_id, "wait_id": wait_id})
+        if record is None:
+            return None
+        return WaitRecord(
+            task_id=record["task_id"],
+            wait_id=record["wait_id"],
+            attempt_id=record["attempt_id"],
+            generation=record["generation"],
+            resumed_attempt_id=record["resumed_attempt_id"],
+            invalidated=record["state"] == "invalidated",
+        )
 
     def try_resume_task(
         self,
