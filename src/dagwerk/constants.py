@@ -44,17 +44,26 @@ class NodeDisposition(StrEnum):
 
 
 class InputMode(StrEnum):
+    """How a node plans its tasks: one per output of its main edge (each), one
+    for all outputs (all), one per correlation ID (by_correlation)."""
+
     EACH = "each"
     ALL = "all"
     BY_CORRELATION = "by_correlation"
 
 
 class InputRole(StrEnum):
+    """A main edge decides a node's tasks; a side edge's outputs go to every task."""
+
     MAIN = "main"
     SIDE = "side"
 
 
 class CorrelationMode(StrEnum):
+    """Which correlation ID a node's outputs carry: new (each output starts a
+    group), inherit (the task's group), none, or default (new for a root,
+    inherit for each and by_correlation nodes, none for all nodes)."""
+
     DEFAULT = "default"
     INHERIT = "inherit"
     NEW = "new"
@@ -62,6 +71,8 @@ class CorrelationMode(StrEnum):
 
 
 class FilterOperator(StrEnum):
+    """How a filter rule tests an output's field."""
+
     EQ = "eq"
     NEQ = "neq"
     GT = "gt"
@@ -79,6 +90,8 @@ class FilterOperator(StrEnum):
 
 
 class SortOrder(StrEnum):
+    """Ascending or descending order of a selection."""
+
     ASC = "asc"
     DESC = "desc"
 
@@ -90,7 +103,10 @@ class LaunchCreateStatus(StrEnum):
 
 
 class FailurePolicy(StrEnum):
-    """What a run does after its first failure (decisions.md)."""
+    """What a run does after its first failure: fail_fast ends the run at once;
+    stop_on_first_failure starts nothing new and ends the run when the running
+    tasks are done; continue_others keeps independent branches going and ends
+    the run when nothing more can run."""
 
     FAIL_FAST = "fail_fast"
     STOP_ON_FIRST_FAILURE = "stop_on_first_failure"

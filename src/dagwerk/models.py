@@ -161,47 +161,62 @@ class _FrozenModel(BaseModel):
 
 
 class _BindingBase(_FrozenModel):
-    when: ExpressionText | None = None
+    when: ExpressionText | None = Field(
+        default=None,
+        description="An expression; the binding applies only to tasks where it is true "
+        '(Python truth: "", 0, false, null, [] and {} are false). Without it, always.',
+    )
 
 
 class EdgeSource(_BindingBase):
     """Read ``field`` from the outputs planned on edge ``edge``."""
 
     source: Literal["edge"] = "edge"
-    edge: EdgeName
-    field: NonEmptyStr
+    edge: EdgeName = Field(description="Name of one of the node's input edges.")
+    field: NonEmptyStr = Field(
+        description="Routing field to read from the outputs planned on that edge for the "
+        "task: one output's value, or the list of values when several outputs have it."
+    )
 
 
 class LiteralSource(_BindingBase):
     """A constant value (``null`` included)."""
 
     source: Literal["literal"] = "literal"
-    value: JsonField = None
+    value: JsonField = Field(default=None, description="The JSON value every task receives.")
 
 
 class RuntimeSource(_BindingBase):
     """A value from the run input, with a default and an optional requirement."""
 
     source: Literal["runtime"] = "runtime"
-    key: NonEmptyStr
-    label: str = ""
-    placeholder: str = ""
-    required: bool = False
-    default: JsonField = None
+    key: NonEmptyStr = Field(description="Key of the run input to read.")
+    label: str = Field(default="", description="Title of the input in the pipeline's input schema.")
+    placeholder: str = Field(
+        default="", description="Example value shown for the input in its schema."
+    )
+    required: bool = Field(
+        default=False, description="Planning fails when the value (or default) is null or empty."
+    )
+    default: JsonField = Field(default=None, description="Value used when the key is absent.")
 
 
 class SecretSource(_BindingBase):
     """A secret reference; the worker resolves it, plans never hold its value."""
 
     source: Literal["secret"] = "secret"
-    name: NonEmptyStr
+    name: NonEmptyStr = Field(
+        description="Name of the secret; the worker's secret resolver supplies its value."
+    )
 
 
 class ExpressionSource(_BindingBase):
     """An expression such as ``{records.title | trim}`` evaluated at planning."""
 
     source: Literal["expression"] = "expression"
-    expression: ExpressionText
+    expression: ExpressionText = Field(
+        description="Text with {edge.field}, {input.key} and pipes, e.g. {orders.title | trim}."
+    )
 
 
 InputBinding: TypeAlias = Annotated[
@@ -214,9 +229,17 @@ InputBinding: TypeAlias = Annotated[
 
 
 class FilterRule(_FrozenModel):
-    field: NonEmptyStr
-    operator: FilterOperator
-    value: JsonField = None
+    """One test of an output's routing field."""
+
+    field: NonEmptyStr = Field(description="Routing field of the output to test.")
+    operator: FilterOperator = Field(
+        description="eq/neq compare JSON values; gt/gte/lt/lte compare numbers (numeric "
+        "strings count); in/not_in test membership in a list; contains, starts_with and "
+        'ends_with test text; exists/not_exists test presence (null and "" are absent).'
+    )
+    value: JsonField = Field(
+        default=None, description="What the field is compared with (a list for in/not_in)."
+    )
 
     @model_validator(mode="after")
     def _membership_size(self) -> Self:
@@ -233,22 +256,53 @@ class FilterRule(_FrozenModel):
 
 
 class EdgeFilter(_FrozenModel):
-    rules: tuple[FilterRule, ...] = Field(default=(), max_length=MAX_FILTER_RULES_PER_EDGE)
+    """Keeps the outputs of an edge for which every rule holds."""
+
+    rules: tuple[FilterRule, ...] = Field(
+        default=(),
+        max_length=MAX_FILTER_RULES_PER_EDGE,
+        description="Rules that must all hold; a missing field satisfies only the negative "
+        "operators (neq, not_in, not_contains, not_exists).",
+    )
 
 
 class Selection(_FrozenModel):
-    field: NonEmptyStr
-    order: SortOrder = SortOrder.ASC
-    limit: Annotated[int, Strict(), Field(ge=1)] = 1
+    """Keeps the first ``limit`` outputs of an edge, ordered by a field (after the filter)."""
+
+    field: NonEmptyStr = Field(
+        description="Routing field to sort by (all strings or all numbers; outputs without "
+        "it are dropped)."
+    )
+    order: SortOrder = Field(default=SortOrder.ASC, description="asc or desc.")
+    limit: Annotated[int, Strict(), Field(ge=1)] = Field(
+        default=1, description="How many outputs to keep."
+    )
 
 
 class InputEdge(_FrozenModel):
-    name: EdgeName
-    source: NonEmptyStr
-    role: InputRole = InputRole.MAIN
-    required: bool = True
-    filter: EdgeFilter | None = None
-    selection: Selection | None = None
+    """A named input of a node: the outputs of another node."""
+
+    name: EdgeName = Field(
+        description="Name bindings and expressions use for this input (letters, digits, _ "
+        "and -; not 'input')."
+    )
+    source: NonEmptyStr = Field(description="Slug of the node whose outputs flow in.")
+    role: InputRole = Field(
+        default=InputRole.MAIN,
+        description="main edges decide the tasks (one per output with each, grouped with "
+        "by_correlation); a side edge's outputs go to every task as they are.",
+    )
+    required: bool = Field(
+        default=True,
+        description="When the source is skipped or filters out everything, a required edge "
+        "skips this node; an optional one gives its tasks no outputs on it.",
+    )
+    filter: EdgeFilter | None = Field(
+        default=None, description="Keep only the outputs that pass these rules."
+    )
+    selection: Selection | None = Field(
+        default=None, description="Keep only the top outputs by a field (after the filter)."
+    )
 
 
 # --- nodes ----------------------------------------------------------------
@@ -267,12 +321,29 @@ class RetryPolicySpec(BaseModel):
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
-    max_attempts: int = Field(default=1, ge=1, le=1000)
-    backoff_base: float = Field(default=1.0, ge=0, allow_inf_nan=False)
-    backoff_max: float = Field(default=60.0, ge=0, allow_inf_nan=False)
-    jitter: bool = True
-    retry_on: tuple[NonEmptyStr, ...] = ()
-    give_up_on: tuple[NonEmptyStr, ...] = ()
+    max_attempts: int = Field(
+        default=1, ge=1, le=1000, description="Attempts in all, the first included (1: no retry)."
+    )
+    backoff_base: float = Field(
+        default=1.0,
+        ge=0,
+        allow_inf_nan=False,
+        description="Seconds before the first retry; the delay doubles with each retry.",
+    )
+    backoff_max: float = Field(
+        default=60.0, ge=0, allow_inf_nan=False, description="Longest delay between attempts."
+    )
+    jitter: bool = Field(
+        default=True, description="Draw each delay at random from 0 up to its computed value."
+    )
+    retry_on: tuple[NonEmptyStr, ...] = Field(
+        default=(),
+        description="Exception classes that are retried ('TimeoutError', 'module.Class'); "
+        "empty: every exception.",
+    )
+    give_up_on: tuple[NonEmptyStr, ...] = Field(
+        default=(), description="Exception classes that are never retried."
+    )
 
     @model_validator(mode="after")
     def _check_backoff(self) -> Self:
@@ -286,23 +357,68 @@ class DagNode(BaseModel):
 
     model_config = ConfigDict(extra="forbid", validate_assignment=True, validate_default=True)
 
-    name: str = ""
-    slug: NonEmptyStr
-    plugin: NonEmptyStr
-    edges: tuple[InputEdge, ...] = Field(default=(), max_length=MAX_INPUT_EDGES_PER_NODE)
-    bindings: dict[str, InputBinding] = Field(default_factory=dict, max_length=MAX_NODE_BINDINGS)
-    input_mode: InputMode | None = None
-    correlation_mode: CorrelationMode = CorrelationMode.DEFAULT
-    # Runtime settings (dagwerk extension); absent means the worker's defaults.
-    timeout_seconds: float | None = Field(default=None, gt=0, allow_inf_nan=False)
-    retry: RetryPolicySpec | None = None
-    queue: NonEmptyStr = "default"
-    priority: int = 0
-    # A WAITING task of this node older than this is a stall (gated dispatch).
-    wait_timeout_seconds: float | None = Field(default=None, gt=0, allow_inf_nan=False)
-    # Cost a cost-limited run reserves for a task of this node (run budgets);
-    # it takes precedence over the plugin's registered estimate.
-    cost_estimate: float | None = Field(default=None, ge=0, allow_inf_nan=False)
+    name: str = Field(default="", description="A human-readable name (optional).")
+    slug: NonEmptyStr = Field(
+        description="The node's ID, unique in the pipeline; edges name their source by it."
+    )
+    plugin: NonEmptyStr = Field(
+        description="The plugin that runs each task: a registered name or 'module:function'."
+    )
+    edges: tuple[InputEdge, ...] = Field(
+        default=(),
+        max_length=MAX_INPUT_EDGES_PER_NODE,
+        description="The node's inputs: outputs of other nodes. A node without edges is a "
+        "root and receives the run input as its parameters.",
+    )
+    bindings: dict[str, InputBinding] = Field(
+        default_factory=dict,
+        max_length=MAX_NODE_BINDINGS,
+        description="The parameters each task receives, by name: from an edge's field, a "
+        "literal, the run input, a secret or an expression.",
+    )
+    input_mode: InputMode | None = Field(
+        default=None,
+        description="How tasks are planned from the main edges: each (one task per output), "
+        "all (one task for everything) or by_correlation (one task per correlation ID). "
+        "Required on a node with edges; a root runs once.",
+    )
+    correlation_mode: CorrelationMode = Field(
+        default=CorrelationMode.DEFAULT,
+        description="Which correlation ID this node's outputs carry: new (each output starts "
+        "a group), inherit (the task's group), none, or default (new for a root, inherit "
+        "for each and by_correlation, none for all). See docs/correlation.md.",
+    )
+    timeout_seconds: float | None = Field(
+        default=None,
+        gt=0,
+        allow_inf_nan=False,
+        description="Seconds an attempt may run before it is stopped; it is retried under "
+        "retry, else the task crashes. Default: the worker's.",
+    )
+    retry: RetryPolicySpec | None = Field(
+        default=None,
+        description="Retries of a failed attempt; default: the plugin's registered policy, "
+        "else no retry.",
+    )
+    queue: NonEmptyStr = Field(
+        default="default", description="Queue of this node's tasks; a worker serves chosen queues."
+    )
+    priority: int = Field(
+        default=0, description="Among due tasks of a queue, higher priority runs first."
+    )
+    wait_timeout_seconds: float | None = Field(
+        default=None,
+        gt=0,
+        allow_inf_nan=False,
+        description="A task of this node WAITING longer than this is reported as stalled.",
+    )
+    cost_estimate: float | None = Field(
+        default=None,
+        ge=0,
+        allow_inf_nan=False,
+        description="Cost a cost-limited run reserves for each task of this node (before the "
+        "plugin's registered estimate).",
+    )
 
     @field_validator("bindings")
     @classmethod

@@ -138,7 +138,10 @@ def correlation_id_for_output(
 
 def _inherit_error(node: PlanNode) -> PlanningError:
     return PlanningError(
-        f"node {node.slug!r} uses INHERIT but the task has no correlation ID",
+        f"node {node.slug!r} uses INHERIT but the task has no correlation ID: its input "
+        "has none (outputs of an 'all' node, or of a node with correlation_mode: none, "
+        f"carry no correlation ID); give node {node.slug!r} correlation_mode: new (each "
+        "output starts a group) or none",
         code="correlation_missing",
     )
 

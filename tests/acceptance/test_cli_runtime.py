@@ -292,3 +292,26 @@ def test_the_readme_approval_tour_publishes_only_an_approved_post(
     with Engine(cli.db) as engine:
         posts = [output.fields for output in engine.result(run_id).outputs.get("publish", ())]
     assert posts == ([{"published": "Announcing dagwerk 1.0"}] if published else [])
+
+
+def test_the_correlation_example_joins_each_customers_orders(cli: Cli) -> None:
+    # docs/correlation.md: `dagwerk run examples/pipelines/customers.yaml`.
+    result = cli("run", str(PIPELINES / "customers.yaml"), "--json")
+    assert result.returncode == 0, result.stderr
+    run_id = json.loads(result.stdout)["run_id"]
+    from dagwerk import Engine
+
+    with Engine(cli.db) as engine:
+        outputs = engine.result(run_id).outputs
+    summaries = sorted(
+        (dict(o.fields) for o in outputs["summary"]), key=lambda s: str(s["customer"])
+    )
+    assert summaries == [
+        {"customer": "acme", "tier": "gold", "orders": 3, "total": 1175, "large_orders": 1},
+        {"customer": "globex", "tier": "silver", "orders": 2, "total": 100, "large_orders": 0},
+        {"customer": "initech", "tier": "bronze", "orders": 1, "total": 1300, "large_orders": 1},
+    ]
+    (report,) = outputs["report"]
+    assert (
+        str(report.fields["text"]).splitlines()[0] == "acme (gold): 3 orders, 1175 in all, 1 large"
+    )

@@ -48,3 +48,39 @@ def test_the_flaky_example_succeeds_on_its_third_attempt(tmp_path: Path) -> None
         result = engine.run(pipeline, workers=1, timeout=120)
     assert result.status is RunStatus.COMPLETED, result.error
     assert result.outputs["fetch"][0].fields["attempts"] == 3
+
+
+def test_an_each_node_below_an_all_node_is_told_how_to_start_groups(tmp_path: Path) -> None:
+    from dagwerk import InputEdge
+
+    nodes = [
+        DagNode(slug="rows", plugin="rows"),
+        DagNode(
+            slug="batch",
+            plugin="rows",
+            input_mode="all",
+            edges=(InputEdge(name="r", source="rows"),),
+        ),
+        DagNode(
+            slug="each",
+            plugin="one",
+            input_mode="each",
+            edges=(InputEdge(name="b", source="batch"),),
+        ),
+    ]
+    with Engine(f"sqlite:///{tmp_path / 'c.db'}", execution_root=tmp_path) as engine:
+
+        @engine.plugin("rows")
+        def rows(inputs: TaskInputs, ctx: TaskContext) -> list[dict[str, object]]:
+            return [{"n": 1}, {"n": 2}]
+
+        @engine.plugin("one")
+        def one(inputs: TaskInputs, ctx: TaskContext) -> dict[str, object]:
+            return {"ok": True}
+
+        failed = engine.run(nodes, timeout=60)
+        assert failed.status is RunStatus.FAILED
+        assert failed.error is not None
+        assert "give node 'each' correlation_mode: new" in failed.error
+        fixed = [*nodes[:2], nodes[2].model_copy(update={"correlation_mode": "new"})]
+        assert engine.run(fixed, timeout=60).status is RunStatus.COMPLETED

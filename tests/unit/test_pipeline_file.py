@@ -496,3 +496,18 @@ def test_schema_edge_name_pattern_matches_the_model_grammar() -> None:
 
 def test_pipeline_type_is_exported() -> None:
     assert Pipeline.__dataclass_params__.frozen  # type: ignore[attr-defined]
+
+
+def test_every_field_of_the_schema_is_described_for_users() -> None:
+    schema = pipeline_json_schema()
+    undescribed = [
+        f"{name}.{prop}"
+        for name, definition in [("pipeline", schema), *schema["$defs"].items()]
+        for prop, spec in definition.get("properties", {}).items()
+        if prop != "source" and not spec.get("description")
+    ]
+    assert undescribed == []
+    enums = [name for name, definition in schema["$defs"].items() if "enum" in definition]
+    assert enums and all(schema["$defs"][name].get("description") for name in enums)
+    # The schema speaks to users: no reference to design notes they do not have.
+    assert "decisions.md" not in json.dumps(schema)
