@@ -1,4 +1,5 @@
-"""Task and run retries over :class:`~dagwerk.store.DagRetryStore`."""
+"""Task and run retries over :class:`~dagwerk.store.DagRetryStore`, and node
+re-runs over :class:`~dagwerk.store.NodeRerunStore`."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ from dagwerk.errors import DagwerkError
 from dagwerk.store import (
     DagRetryStore,
     InvalidStoreValueError,
+    NodeRerunStore,
     RunReopenResult,
     StoreContractError,
 )
@@ -83,7 +85,7 @@ def retry_run(
     )
 
 
-def rerun_nodes(store: DagRetryStore, run_id: str, node_indices: Iterable[int]) -> RunRetryResult:
+def rerun_nodes(store: NodeRerunStore, run_id: str, node_indices: Iterable[int]) -> RunRetryResult:
     """Re-run ``node_indices`` and all their descendants as a new generation,
     reopening the run (a COMPLETED run too) in one store transaction.
 

@@ -8,12 +8,15 @@ stores the checkpoint (wait) or the response (resume).
 
 from __future__ import annotations
 
+from dagwerk._protocols import implements
 from dagwerk.execution import validate_attempt_request
 from dagwerk.store import (
     DagWaitStore,
+    InvalidStoreValueError,
     StoreContractError,
     TaskResumeResult,
     TaskWaitResult,
+    WaitResponseStore,
     validate_wait_id,
 )
 
@@ -73,14 +76,17 @@ def resume_task(
 
     ``response`` (JSON) is stored with the wait in the same commit; the
     resumed attempt reads it with ``get_wait_response`` (the worker hands it
-    over as ``ctx.wait_response``). The result is not permission to run: the
+    over as ``ctx.wait_response``). Only a :class:`~dagwerk.store.WaitResponseStore`
+    keeps a response: for a store with the seed's ``DagWaitStore`` alone a
+    response raises :class:`~dagwerk.store.InvalidStoreValueError` before the
+    store is called. The result is not permission to run: the
     new attempt must win a claim. An exact repeat returns the first result;
     a wait invalidated before it was resolved gives ``None``.
     """
     validate_attempt_request(task_id, expected_attempt_id, expected_generation)
     validate_wait_id(wait_id)
     if response is None:
-        # Stores written before responses existed keep working.
+        # The seed's call: every DagWaitStore takes it.
         result = store.try_resume_task(
             task_id,
             wait_id,
@@ -88,6 +94,12 @@ def resume_task(
             expected_generation=expected_generation,
         )
     else:
+        if not implements(store, WaitResponseStore):
+            raise InvalidStoreValueError(
+                "this store keeps no wait responses (it does not implement"
+                " WaitResponseStore); resume without a response",
+                field="response",
+            )
         result = store.try_resume_task(
             task_id,
             wait_id,

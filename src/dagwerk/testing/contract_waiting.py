@@ -6,18 +6,23 @@ from typing import Any
 
 import pytest
 
+from dagwerk._protocols import implements
 from dagwerk.constants import MAX_WAIT_ID_LENGTH, RunStatus, TaskStatus
 from dagwerk.execution import recover_task
 from dagwerk.orchestrator import abort_run, cancel_run, on_task_failed, reconcile_run
 from dagwerk.retry import retry_run, retry_task
 from dagwerk.store import (
     DagRetryStore,
+    DagRunStore,
     DagStore,
     DagWaitStore,
+    DelayedRetryStore,
+    NodeRerunStore,
     OutputResolver,
     StoreContractError,
     TaskResumeResult,
     TaskWaitResult,
+    WaitResponseStore,
 )
 from dagwerk.testing.helpers import (
     CallbackLog,
@@ -490,6 +495,27 @@ def test_wt_16_wait_resume_and_recovery_records_outlive_the_task_row(
         recover_task(store, tid, expected_attempt_id=won.attempt_id, expected_generation=gen)
         == recovered
     )
+
+
+@pytest.mark.parametrize(
+    "protocol",
+    [
+        DagStore,
+        DagWaitStore,
+        DagRetryStore,
+        OutputResolver,
+        WaitResponseStore,
+        DelayedRetryStore,
+        NodeRerunStore,
+        DagRunStore,
+    ],
+    ids=lambda protocol: protocol.__name__,
+)
+def test_the_store_implements_the_seed_protocols_and_their_extensions(
+    store: ContractStore, protocol: type
+) -> None:
+    assert isinstance(store, protocol)
+    assert implements(store, protocol)
 
 
 def test_wt_16_wrappers_reject_contradictory_wait_results(store: ContractStore) -> None:
