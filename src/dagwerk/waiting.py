@@ -23,10 +23,6 @@ from dagwerk.store import (
 __all__ = ["resume_task", "wait_task"]
 
 
-def _mismatch(operation: str, name: str) -> StoreContractError:
-    return StoreContractError(f"{operation} returned a result with mismatched fields ({name})")
-
-
 def wait_task(
     store: DagWaitStore,
     task_id: str,
@@ -51,7 +47,7 @@ def wait_task(
     if result is None:
         return None
     if not isinstance(result, TaskWaitResult):
-        raise StoreContractError("try_wait_task returned a value outside the protocol")
+        raise StoreContractError.unexpected("try_wait_task", result, "TaskWaitResult or None")
     for name, got, want in (
         ("task_id", result.task_id, task_id),
         ("attempt_id", result.attempt_id, expected_attempt_id),
@@ -59,7 +55,7 @@ def wait_task(
         ("wait_id", result.wait_id, wait_id),
     ):
         if got != want:
-            raise _mismatch("try_wait_task", name)
+            raise StoreContractError.mismatch("try_wait_task", name, got, want)
     return result
 
 
@@ -110,7 +106,7 @@ def resume_task(
     if result is None:
         return None
     if not isinstance(result, TaskResumeResult):
-        raise StoreContractError("try_resume_task returned a value outside the protocol")
+        raise StoreContractError.unexpected("try_resume_task", result, "TaskResumeResult or None")
     for name, got, want in (
         ("task_id", result.task_id, task_id),
         ("waiting_attempt_id", result.waiting_attempt_id, expected_attempt_id),
@@ -118,5 +114,5 @@ def resume_task(
         ("wait_id", result.wait_id, wait_id),
     ):
         if got != want:
-            raise _mismatch("try_resume_task", name)
+            raise StoreContractError.mismatch("try_resume_task", name, got, want)
     return result

@@ -532,8 +532,13 @@ def test_wt_16_wrappers_reject_contradictory_wait_results(store: ContractStore) 
         )
 
     proxy = StoreProxy(store, try_wait_task=other_wait)
-    with pytest.raises(StoreContractError, match="mismatched fields"):
+    with pytest.raises(
+        StoreContractError, match=r"^try_wait_task returned wait_id 'different'; expected 'w'$"
+    ):
         _wait(as_store(proxy), tid, "w", aid, gen)
     junk = StoreProxy(store, try_resume_task=lambda inner, *a, **kw: "not a result")
-    with pytest.raises(StoreContractError):
+    with pytest.raises(
+        StoreContractError,
+        match=r"^try_resume_task returned str; expected TaskResumeResult or None$",
+    ):
         _resume(as_store(junk), tid, "w", aid, gen)
