@@ -1,9 +1,13 @@
-"""The dagwerk extensions of the store protocols: the durable queue, batched
-worker operations, the gated-dispatch backstop, stored waits, child runs and
-budgets.
+"""The dagwerk extensions of the store protocols: wait responses, stored
+waits, delayed task retries, node re-runs, the durable queue, batched worker
+operations, the gated-dispatch backstop, child runs and budgets.
 
-Re-exported by :mod:`dagwerk.store`, which holds the seed's protocols; import
-them from there.
+Re-exported by :mod:`dagwerk.store`, which holds the seed's protocols
+(``DagStore``, ``DagWaitStore``, ``DagRetryStore``, ``OutputResolver``,
+method for method as the seed defines them); import them from there. A
+store written to the seed's protocols alone works with every seed function;
+each extension is looked up where it is used, and without it that caller
+does what the seed does.
 """
 
 from __future__ import annotations
@@ -15,9 +19,11 @@ from typing import Protocol, runtime_checkable
 
 from dagwerk._store_types import (
     Delivery,
+    RunReopenResult,
     TaskAttemptRef,
     TaskCompletionResult,
     TaskRecord,
+    TaskResumeResult,
     TaskWaitResult,
 )
 from dagwerk.budgets import AccountUsage, Admission, Budget
@@ -26,11 +32,88 @@ from dagwerk.constants import (
     RunStatus,
 )
 from dagwerk.errors import DagwerkError
+from dagwerk.json import JsonValue
 from dagwerk.lineage import RunLink
 from dagwerk.models import (
     DagNode,
     EmittedOutput,
 )
+
+# --- dagwerk extensions of the seed's waits and retries ----------------------
+
+
+@runtime_checkable
+class WaitResponseStore(Protocol):
+    """Wait responses: a resume stores the application's answer with the wait,
+    and the resumed attempt reads it back (dagwerk extension of
+    ``DagWaitStore``).
+
+    Without it ``resume_task`` accepts no response and a resumed attempt gets
+    none (``ctx.wait_response`` is ``None``), as in the seed.
+    """
+
+    def try_resume_task(
+        self,
+        task_id: str,
+        wait_id: str,
+        *,
+        expected_attempt_id: str,
+        expected_generation: int,
+        response: object = None,
+    ) -> TaskResumeResult | None:
+        """``DagWaitStore.try_resume_task``, storing ``response`` (JSON,
+        frozen) with the resolved wait in the same commit. An exact repeat
+        returns the first result and keeps the first response."""
+        ...
+
+    def get_wait_response(self, task_id: str, wait_id: str) -> JsonValue | None:
+        """The response stored when the wait was resolved; ``None`` for an
+        unknown or unresolved wait, or a resume without a response. Read-only."""
+        ...
+
+
+@runtime_checkable
+class DelayedRetryStore(Protocol):
+    """A failure and its retry in one commit (dagwerk extension of
+    ``DagRetryStore``), for the worker's retry policies.
+
+    Without it the worker records a failure the policy would retry as the
+    task's final failure (``on_task_failed``), as in the seed.
+    """
+
+    def try_fail_task_with_retry(
+        self, task_id: str, error: str, *, expected_attempt_id: str, available_at: float
+    ) -> str | None:
+        """One transaction: record ``error`` as the FAILED outcome of the current
+        RUNNING attempt and replace it with a new QUEUED attempt (same plan,
+        generation and wait correlation) whose delivery becomes available at
+        ``available_at`` (store clock seconds). The run never sees the task
+        FAILED, so no finaliser can close it in between. Returns the new
+        attempt ID; ``None`` (nothing changed) when the attempt is not the
+        current RUNNING one of an active task in a RUNNING run.
+        """
+        ...
+
+
+@runtime_checkable
+class NodeRerunStore(Protocol):
+    """Re-running nodes of any run, a COMPLETED one included (dagwerk
+    extension of ``DagRetryStore``; ``retry.rerun_nodes`` and
+    ``Engine.rerun`` need it)."""
+
+    def try_rerun_nodes(self, run_id: str, node_indices: tuple[int, ...]) -> RunReopenResult | None:
+        """One transaction under the run lock: the named nodes and all their
+        descendants become a new generation (launches, tasks and outputs
+        invalidated as a unit; output IDs stay reserved) and the run is
+        RUNNING again, from RUNNING or any terminal status (COMPLETED
+        included); the retry count increments.
+
+        Raises :class:`~dagwerk.store.RerunRefusedError` (nothing changed) if
+        an affected task is RUNNING. ``None``: missing or PENDING run, empty
+        or out-of-range indices.
+        """
+        ...
+
 
 # --- dagwerk extension: the durable queue -------------------------------------
 

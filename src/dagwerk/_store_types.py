@@ -9,6 +9,7 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from enum import Enum
 from types import MappingProxyType
 
 from dagwerk.constants import (
@@ -26,9 +27,36 @@ from dagwerk.models import TaskInputPlan
 
 
 class StoreContractError(DagwerkError, RuntimeError):
-    """A store returned state that contradicts the request or the protocol."""
+    """A store returned state that contradicts the request or the protocol.
+
+    The message says what came back and what was expected; for a field that
+    disagrees with the request, ``field`` names it.
+    """
 
     code = "store_contract_violation"
+
+    @classmethod
+    def unexpected(
+        cls, operation: str, value: object, expected: str, *, field: str | None = None
+    ) -> StoreContractError:
+        """``operation`` returned ``value`` (as its ``field``, where given),
+        whose type is not ``expected``:
+        ``"try_claim_task returned dict; expected TaskClaimResult or None"``."""
+        what = type(value).__name__ if field is None else f"{field} {type(value).__name__}"
+        return cls(f"{operation} returned {what}; expected {expected}", field=field)
+
+    @classmethod
+    def mismatch(cls, operation: str, field: str, got: object, want: object) -> StoreContractError:
+        """``operation`` returned ``got`` in ``field`` where the request implies
+        ``want``: ``"try_claim_task returned attempt_id 'b'; expected 'a'"``."""
+        return cls(
+            f"{operation} returned {field} {_shown(got)}; expected {_shown(want)}", field=field
+        )
+
+
+def _shown(value: object) -> str:
+    """A value as a message shows it: enums by their value."""
+    return repr(value.value if isinstance(value, Enum) else value)
 
 
 class OutputPublicationError(DagwerkError, ValueError):

@@ -103,8 +103,15 @@ def _complete(
     limits: Limits | None,
 ) -> list[CompletionOutcome]:
     outcomes = cast(BatchQueueStore, store).complete_and_ack(worker_id, items)
-    if not isinstance(outcomes, list) or len(outcomes) != len(items):
-        raise StoreContractError("complete_and_ack returned a result of the wrong length")
+    if not isinstance(outcomes, list):
+        raise StoreContractError.unexpected(
+            "complete_and_ack", outcomes, "a list of one outcome per request"
+        )
+    if len(outcomes) != len(items):
+        raise StoreContractError(
+            f"complete_and_ack returned {len(outcomes)} outcomes; "
+            f"expected {len(items)} (one per request)"
+        )
     to_reconcile: dict[str, set[int]] = {}
     for item, outcome in zip(items, outcomes, strict=True):
         if isinstance(outcome, OutputPublicationError):
@@ -119,8 +126,12 @@ def _complete(
             continue
         if not isinstance(outcome, TaskCompletionResult):
             continue
-        if outcome.task_id != item.task_id or outcome.attempt_id != item.expected_attempt_id:
-            raise StoreContractError("complete_and_ack returned mismatched fields")
+        for name, got, want in (
+            ("task_id", outcome.task_id, item.task_id),
+            ("attempt_id", outcome.attempt_id, item.expected_attempt_id),
+        ):
+            if got != want:
+                raise StoreContractError.mismatch("complete_and_ack", name, got, want)
         done = to_reconcile.setdefault(outcome.run_id, set())
         if outcome.launch_complete:
             done.add(outcome.node_index)

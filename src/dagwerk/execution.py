@@ -33,10 +33,6 @@ def validate_attempt_request(task_id: object, attempt_id: object, generation: ob
         )
 
 
-def _mismatch(operation: str, name: str) -> StoreContractError:
-    return StoreContractError(f"{operation} returned a result with mismatched fields ({name})")
-
-
 def claim_task(
     store: DagStore, task_id: str, *, expected_attempt_id: str, expected_generation: int
 ) -> TaskClaimResult | None:
@@ -52,13 +48,14 @@ def claim_task(
     if result is None:
         return None
     if not isinstance(result, TaskClaimResult):
-        raise StoreContractError("try_claim_task returned a value outside the protocol")
-    if result.task_id != task_id:
-        raise _mismatch("try_claim_task", "task_id")
-    if result.attempt_id != expected_attempt_id:
-        raise _mismatch("try_claim_task", "attempt_id")
-    if result.generation != expected_generation:
-        raise _mismatch("try_claim_task", "generation")
+        raise StoreContractError.unexpected("try_claim_task", result, "TaskClaimResult or None")
+    for name, got, want in (
+        ("task_id", result.task_id, task_id),
+        ("attempt_id", result.attempt_id, expected_attempt_id),
+        ("generation", result.generation, expected_generation),
+    ):
+        if got != want:
+            raise StoreContractError.mismatch("try_claim_task", name, got, want)
     return result
 
 
@@ -78,11 +75,14 @@ def recover_task(
     if result is None:
         return None
     if not isinstance(result, TaskRecoveryResult):
-        raise StoreContractError("try_recover_task returned a value outside the protocol")
-    if result.task_id != task_id:
-        raise _mismatch("try_recover_task", "task_id")
-    if result.abandoned_attempt_id != expected_attempt_id:
-        raise _mismatch("try_recover_task", "abandoned_attempt_id")
-    if result.generation != expected_generation:
-        raise _mismatch("try_recover_task", "generation")
+        raise StoreContractError.unexpected(
+            "try_recover_task", result, "TaskRecoveryResult or None"
+        )
+    for name, got, want in (
+        ("task_id", result.task_id, task_id),
+        ("abandoned_attempt_id", result.abandoned_attempt_id, expected_attempt_id),
+        ("generation", result.generation, expected_generation),
+    ):
+        if got != want:
+            raise StoreContractError.mismatch("try_recover_task", name, got, want)
     return result

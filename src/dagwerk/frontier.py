@@ -113,7 +113,9 @@ def _advance_children(  # noqa: PLR0917 (private helper)
     if leaf:
         found = frontier.complete_nodes
         if type(found) is not int:
-            raise StoreContractError("get_run_frontier did not count the complete launches")
+            raise StoreContractError.unexpected(
+                "get_run_frontier(count_complete=True)", found, "int", field="complete_nodes"
+            )
         if found >= len(topology.nodes):
             return False
     if children and all(kid in launches and launches[kid].complete for kid in children):
@@ -140,17 +142,37 @@ def _advance_children(  # noqa: PLR0917 (private helper)
 def _checked_launches(
     frontier: object, run_id: str, wanted: set[int], count: int
 ) -> Mapping[int, LaunchProgress]:
+    operation = f"get_run_frontier of run {run_id!r}"
     if not isinstance(frontier, RunFrontier):
-        raise StoreContractError("get_run_frontier returned a value outside the protocol")
-    if not isinstance(frontier.status, RunStatus) or frontier.node_count != count:
-        raise StoreContractError(f"get_run_frontier of run {run_id!r} disagrees with its topology")
+        raise StoreContractError.unexpected(operation, frontier, "RunFrontier or None")
+    if not isinstance(frontier.status, RunStatus):
+        raise StoreContractError.unexpected(operation, frontier.status, "RunStatus", field="status")
+    if frontier.node_count != count:
+        raise StoreContractError.mismatch(operation, "node_count", frontier.node_count, count)
     if not isinstance(frontier.launches, Mapping):
-        raise StoreContractError("get_run_frontier launches must be a mapping")
+        raise StoreContractError.unexpected(
+            operation,
+            frontier.launches,
+            "a Mapping of node index to LaunchProgress",
+            field="launches",
+        )
     for index, launch in frontier.launches.items():
-        if (
-            not isinstance(launch, LaunchProgress)
-            or index not in wanted
-            or launch.node_index != index
-        ):
-            raise StoreContractError(f"frontier launch key {index!r} is not a requested node")
+        if not isinstance(launch, LaunchProgress):
+            raise StoreContractError(
+                f"{operation} returned {type(launch).__name__} for node {index!r}; "
+                "expected LaunchProgress",
+                field="launches",
+            )
+        if index not in wanted:
+            raise StoreContractError(
+                f"{operation} returned a launch of node {index!r}; "
+                f"expected only the requested nodes {sorted(wanted)}",
+                field="launches",
+            )
+        if launch.node_index != index:
+            raise StoreContractError(
+                f"{operation} returned the launch of node {launch.node_index} "
+                f"under key {index!r}; expected key {launch.node_index}",
+                field="launches",
+            )
     return frontier.launches

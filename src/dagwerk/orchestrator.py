@@ -157,7 +157,7 @@ def _topology_cache(store: DagStore, limits: Limits) -> RunTopologyStore | None:
 def _cached_topology(cache: RunTopologyStore, run_id: str) -> RunTopology | None:
     found = cache.get_run_topology(run_id)
     if found is not None and not isinstance(found, RunTopology):
-        raise StoreContractError("get_run_topology returned a value outside the protocol")
+        raise StoreContractError.unexpected("get_run_topology", found, "RunTopology or None")
     return found
 
 
@@ -257,14 +257,25 @@ class _Reconciler:
         count = len(self.topology.nodes)
         raw = self.store.list_node_launches(self.run_id)
         if not isinstance(raw, Mapping):
-            raise StoreContractError("list_node_launches must return a mapping")
+            raise StoreContractError.unexpected(
+                "list_node_launches", raw, "a Mapping of node index to NodeLaunch"
+            )
         for index, launch in raw.items():
             if not isinstance(launch, NodeLaunch):
-                raise StoreContractError(f"launch of node {index!r} is not a NodeLaunch")
+                raise StoreContractError(
+                    f"list_node_launches returned {type(launch).__name__} for node {index!r}; "
+                    "expected NodeLaunch"
+                )
             if type(index) is not int or not 0 <= index < count or launch.node_index != index:
-                raise StoreContractError(f"launch key {index!r} is not its node index")
+                raise StoreContractError(
+                    f"list_node_launches returned the launch of node {launch.node_index} "
+                    f"under key {index!r}; expected its node index, one of 0..{count - 1}",
+                    field="node_index",
+                )
             if launch.run_id != self.run_id:
-                raise StoreContractError(f"launch of node {index} belongs to another run")
+                raise StoreContractError.mismatch(
+                    f"list_node_launches for node {index}", "run_id", launch.run_id, self.run_id
+                )
             self.launches[index] = launch
 
     def run(self) -> None:
@@ -424,7 +435,9 @@ class _Reconciler:
                 max_routing_bytes=limits.max_snapshot_routing_bytes,
             )
             if not isinstance(snapshot, PlanningSnapshot):
-                raise StoreContractError("get_planning_snapshot must return a PlanningSnapshot")
+                raise StoreContractError.unexpected(
+                    "get_planning_snapshot", snapshot, "PlanningSnapshot"
+                )
             plans: tuple[TaskInputPlan, ...] = ()
             if forced is not None:
                 disposition, error = forced, ""
@@ -555,9 +568,15 @@ def complete_attempt(
     if result is None:
         return None
     if not isinstance(result, TaskCompletionResult):
-        raise StoreContractError("try_complete_task returned a value outside the protocol")
-    if result.task_id != task_id or result.attempt_id != expected_attempt_id:
-        raise StoreContractError("try_complete_task returned mismatched fields")
+        raise StoreContractError.unexpected(
+            "try_complete_task", result, "TaskCompletionResult or None"
+        )
+    for name, got, want in (
+        ("task_id", result.task_id, task_id),
+        ("attempt_id", result.attempt_id, expected_attempt_id),
+    ):
+        if got != want:
+            raise StoreContractError.mismatch("try_complete_task", name, got, want)
     if result.launch_complete or _policy_needs_reconcile(store, result.run_id):
         reconcile_run(store, result.run_id, callbacks=callbacks, limits=limits)
     return result
@@ -587,14 +606,16 @@ def _on_task_failure(
 ) -> None:
     if result is None:
         return
+    operation = "mark_task_failed" if expected_status == TaskStatus.FAILED else "mark_task_crashed"
     if not isinstance(result, TaskFailureResult):
-        raise StoreContractError("the store returned a failure result outside the protocol")
-    if (
-        result.task_id != task_id
-        or result.attempt_id != expected_attempt_id
-        or result.status != expected_status
+        raise StoreContractError.unexpected(operation, result, "TaskFailureResult or None")
+    for name, got, want in (
+        ("task_id", result.task_id, task_id),
+        ("attempt_id", result.attempt_id, expected_attempt_id),
+        ("status", result.status, expected_status),
     ):
-        raise StoreContractError("the store returned a failure result with mismatched fields")
+        if got != want:
+            raise StoreContractError.mismatch(operation, name, got, want)
     if _failure_policy(store, result.run_id) is FailurePolicy.FAIL_FAST:
         status = RunStatus.FAILED if expected_status == TaskStatus.FAILED else RunStatus.CRASHED
         # The cause is rechecked inside the terminal transaction: a task retry

@@ -1,4 +1,5 @@
-"""Task and run retries over :class:`~dagwerk.store.DagRetryStore`."""
+"""Task and run retries over :class:`~dagwerk.store.DagRetryStore`, and node
+re-runs over :class:`~dagwerk.store.NodeRerunStore`."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ from dagwerk.errors import DagwerkError
 from dagwerk.store import (
     DagRetryStore,
     InvalidStoreValueError,
+    NodeRerunStore,
     RunReopenResult,
     StoreContractError,
 )
@@ -54,6 +56,18 @@ def _normalise_boundary(boundary_indices: Iterable[int]) -> tuple[int, ...]:
     return tuple(sorted(set(values)))
 
 
+def _checked_generations(operation: str, result: RunReopenResult) -> dict[int, int]:
+    """The result's new generations, which must be keyed by its affected nodes."""
+    generations = dict(result.generations)
+    if set(generations) != set(result.affected_nodes):
+        raise StoreContractError(
+            f"{operation} returned generations for nodes {sorted(generations)}; "
+            f"expected the affected nodes {sorted(result.affected_nodes)}",
+            field="generations",
+        )
+    return generations
+
+
 def retry_run(
     store: DagRetryStore, run_id: str, boundary_indices: Iterable[int] | None = None
 ) -> RunRetryResult:
@@ -70,12 +84,8 @@ def retry_run(
     if result is None:
         raise RetryRejectedError(f"run {run_id!r} cannot be retried", field="run_id")
     if not isinstance(result, RunReopenResult):
-        raise StoreContractError("try_reopen_run returned a value outside the protocol")
-    generations = dict(result.generations)
-    if set(generations) != set(result.affected_nodes):
-        raise StoreContractError(
-            "try_reopen_run returned a different generation set than its affected nodes"
-        )
+        raise StoreContractError.unexpected("try_reopen_run", result, "RunReopenResult or None")
+    generations = _checked_generations("try_reopen_run", result)
     return RunRetryResult(
         affected_nodes=tuple(result.affected_nodes),
         generations=MappingProxyType(generations),
@@ -83,7 +93,7 @@ def retry_run(
     )
 
 
-def rerun_nodes(store: DagRetryStore, run_id: str, node_indices: Iterable[int]) -> RunRetryResult:
+def rerun_nodes(store: NodeRerunStore, run_id: str, node_indices: Iterable[int]) -> RunRetryResult:
     """Re-run ``node_indices`` and all their descendants as a new generation,
     reopening the run (a COMPLETED run too) in one store transaction.
 
@@ -98,10 +108,14 @@ def rerun_nodes(store: DagRetryStore, run_id: str, node_indices: Iterable[int]) 
     if result is None:
         raise RetryRejectedError(f"nodes {list(indices)} of run {run_id!r} cannot be re-run")
     if not isinstance(result, RunReopenResult):
-        raise StoreContractError("try_rerun_nodes returned a value outside the protocol")
-    generations = dict(result.generations)
-    if set(generations) != set(result.affected_nodes) or not set(indices) <= set(generations):
-        raise StoreContractError("try_rerun_nodes returned an inconsistent affected set")
+        raise StoreContractError.unexpected("try_rerun_nodes", result, "RunReopenResult or None")
+    generations = _checked_generations("try_rerun_nodes", result)
+    if not set(indices) <= set(result.affected_nodes):
+        raise StoreContractError(
+            f"try_rerun_nodes returned affected nodes {sorted(result.affected_nodes)}; "
+            f"expected them to include the requested nodes {list(indices)}",
+            field="affected_nodes",
+        )
     return RunRetryResult(
         affected_nodes=tuple(result.affected_nodes),
         generations=MappingProxyType(generations),

@@ -1,7 +1,13 @@
 """Store protocols, their result records and the errors of the store boundary.
 
 An application brings its own database and queue by implementing these
-protocols; :mod:`dagwerk.backends` ships implementations. Every method that
+protocols; :mod:`dagwerk.backends` ships implementations. ``DagStore``,
+``DagWaitStore``, ``DagRetryStore`` and ``OutputResolver`` are the seed's,
+method for method: a store that implements exactly those works with every
+seed function. dagwerk's additions are extension protocols of their own
+(``WaitResponseStore``, ``DelayedRetryStore``, ``NodeRerunStore``,
+``DagRunStore``, the queue, ...), each looked up where it is used; without
+one, that caller does what the seed does. Every method that
 changes state runs as one transaction under the run's serialisation boundary:
 it validates everything first, then writes, so a rejected call changes
 nothing. ``try_*`` methods return ``None`` (or ``False``) when the transition
@@ -28,12 +34,15 @@ from dagwerk._store_extensions import (
     DagChildStore,
     DagQueueStore,
     DeadLetter,
+    DelayedRetryStore,
     LeasedDelivery,
+    NodeRerunStore,
     QueueStats,
     StallRecord,
     UnitOfWorkStore,
     WaitRecord,
     WaitRecordStore,
+    WaitResponseStore,
 )
 from dagwerk._store_types import (
     AttemptRecord,
@@ -65,7 +74,6 @@ from dagwerk.constants import (
     NodeDisposition,
     RunStatus,
 )
-from dagwerk.json import JsonValue
 from dagwerk.models import (
     DagNode,
     EmittedOutput,
@@ -92,11 +100,13 @@ __all__ = [
     "DagStore",
     "DagWaitStore",
     "DeadLetter",
+    "DelayedRetryStore",
     "Delivery",
     "InvalidStoreValueError",
     "LaunchProgress",
     "LeasedDelivery",
     "NodeLaunchRef",
+    "NodeRerunStore",
     "OutputPublicationError",
     "OutputResolver",
     "QueueStats",
@@ -121,6 +131,7 @@ __all__ = [
     "UnitOfWorkStore",
     "WaitRecord",
     "WaitRecordStore",
+    "WaitResponseStore",
     "validate_output_batch_routing_size",
     "validate_output_batch_size",
     "validate_queue_names",
@@ -295,7 +306,11 @@ class DagStore(Protocol):
 
 @runtime_checkable
 class DagWaitStore(DagStore, Protocol):
-    """Optional: tasks that wait on application data (human input, providers)."""
+    """Optional: tasks that wait on application data (human input, providers).
+
+    Stores that keep the application's response with the wait also
+    implement :class:`WaitResponseStore`.
+    """
 
     def try_wait_task(
         self, task_id: str, wait_id: str, *, expected_attempt_id: str, expected_generation: int
@@ -310,34 +325,26 @@ class DagWaitStore(DagStore, Protocol):
         ...
 
     def try_resume_task(
-        self,
-        task_id: str,
-        wait_id: str,
-        *,
-        expected_attempt_id: str,
-        expected_generation: int,
-        response: object = None,
+        self, task_id: str, wait_id: str, *, expected_attempt_id: str, expected_generation: int
     ) -> TaskResumeResult | None:
-        """One transaction: resolve an active wait, store ``response`` (JSON,
-        frozen) with it, and create exactly one replacement QUEUED attempt with
-        its outbox row.
+        """One transaction: resolve an active wait and create exactly one
+        replacement QUEUED attempt with its outbox row.
 
-        An exact repeat returns the first result without new work (the first
-        response stays), even after later changes. ``None``: unknown wait,
-        wrong attempt or generation, or a wait invalidated before it was
-        resolved.
+        An exact repeat returns the first result without new work, even
+        after later changes. ``None``: unknown wait, wrong attempt or
+        generation, or a wait invalidated before it was resolved.
         """
-        ...
-
-    def get_wait_response(self, task_id: str, wait_id: str) -> JsonValue | None:
-        """The response stored when the wait was resolved; ``None`` for an
-        unknown or unresolved wait, or a resume without a response. Read-only."""
         ...
 
 
 @runtime_checkable
 class DagRetryStore(DagStore, Protocol):
-    """Task and run retries."""
+    """Task and run retries.
+
+    Stores that fail and retry an attempt in one commit also implement
+    :class:`DelayedRetryStore`; stores that re-run chosen nodes,
+    :class:`NodeRerunStore`.
+    """
 
     def try_create_task_retry(self, task_id: str, *, expected_attempt_id: str) -> str | None:
         """One transaction: replace the current CRASHED attempt (run RUNNING, task in
@@ -359,32 +366,6 @@ class DagRetryStore(DagStore, Protocol):
         IDs stay reserved) and advanced; the retry count increments and older
         snapshots go stale. ``None``: not retryable or the boundary does not
         hold; nothing changed.
-        """
-        ...
-
-    def try_fail_task_with_retry(
-        self, task_id: str, error: str, *, expected_attempt_id: str, available_at: float
-    ) -> str | None:
-        """One transaction: record ``error`` as the FAILED outcome of the current
-        RUNNING attempt and replace it with a new QUEUED attempt (same plan,
-        generation and wait correlation) whose delivery becomes available at
-        ``available_at`` (store clock seconds). The run never sees the task
-        FAILED, so no finaliser can close it in between. Returns the new
-        attempt ID; ``None`` (nothing changed) when the attempt is not the
-        current RUNNING one of an active task in a RUNNING run.
-        """
-        ...
-
-    def try_rerun_nodes(self, run_id: str, node_indices: tuple[int, ...]) -> RunReopenResult | None:
-        """One transaction under the run lock: the named nodes and all their
-        descendants become a new generation (launches, tasks and outputs
-        invalidated as a unit; output IDs stay reserved) and the run is
-        RUNNING again, from RUNNING or any terminal status (COMPLETED
-        included); the retry count increments.
-
-        Raises :class:`RerunRefusedError` (nothing changed) if an affected task
-        is RUNNING. ``None``: missing or PENDING run, empty or out-of-range
-        indices.
         """
         ...
 

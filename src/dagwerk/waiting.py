@@ -8,20 +8,19 @@ stores the checkpoint (wait) or the response (resume).
 
 from __future__ import annotations
 
+from dagwerk._protocols import implements
 from dagwerk.execution import validate_attempt_request
 from dagwerk.store import (
     DagWaitStore,
+    InvalidStoreValueError,
     StoreContractError,
     TaskResumeResult,
     TaskWaitResult,
+    WaitResponseStore,
     validate_wait_id,
 )
 
 __all__ = ["resume_task", "wait_task"]
-
-
-def _mismatch(operation: str, name: str) -> StoreContractError:
-    return StoreContractError(f"{operation} returned a result with mismatched fields ({name})")
 
 
 def wait_task(
@@ -48,7 +47,7 @@ def wait_task(
     if result is None:
         return None
     if not isinstance(result, TaskWaitResult):
-        raise StoreContractError("try_wait_task returned a value outside the protocol")
+        raise StoreContractError.unexpected("try_wait_task", result, "TaskWaitResult or None")
     for name, got, want in (
         ("task_id", result.task_id, task_id),
         ("attempt_id", result.attempt_id, expected_attempt_id),
@@ -56,7 +55,7 @@ def wait_task(
         ("wait_id", result.wait_id, wait_id),
     ):
         if got != want:
-            raise _mismatch("try_wait_task", name)
+            raise StoreContractError.mismatch("try_wait_task", name, got, want)
     return result
 
 
@@ -73,14 +72,17 @@ def resume_task(
 
     ``response`` (JSON) is stored with the wait in the same commit; the
     resumed attempt reads it with ``get_wait_response`` (the worker hands it
-    over as ``ctx.wait_response``). The result is not permission to run: the
+    over as ``ctx.wait_response``). Only a :class:`~dagwerk.store.WaitResponseStore`
+    keeps a response: for a store with the seed's ``DagWaitStore`` alone a
+    response raises :class:`~dagwerk.store.InvalidStoreValueError` before the
+    store is called. The result is not permission to run: the
     new attempt must win a claim. An exact repeat returns the first result;
     a wait invalidated before it was resolved gives ``None``.
     """
     validate_attempt_request(task_id, expected_attempt_id, expected_generation)
     validate_wait_id(wait_id)
     if response is None:
-        # Stores written before responses existed keep working.
+        # The seed's call: every DagWaitStore takes it.
         result = store.try_resume_task(
             task_id,
             wait_id,
@@ -88,6 +90,12 @@ def resume_task(
             expected_generation=expected_generation,
         )
     else:
+        if not implements(store, WaitResponseStore):
+            raise InvalidStoreValueError(
+                "this store keeps no wait responses (it does not implement"
+                " WaitResponseStore); resume without a response",
+                field="response",
+            )
         result = store.try_resume_task(
             task_id,
             wait_id,
@@ -98,7 +106,7 @@ def resume_task(
     if result is None:
         return None
     if not isinstance(result, TaskResumeResult):
-        raise StoreContractError("try_resume_task returned a value outside the protocol")
+        raise StoreContractError.unexpected("try_resume_task", result, "TaskResumeResult or None")
     for name, got, want in (
         ("task_id", result.task_id, task_id),
         ("waiting_attempt_id", result.waiting_attempt_id, expected_attempt_id),
@@ -106,5 +114,5 @@ def resume_task(
         ("wait_id", result.wait_id, wait_id),
     ):
         if got != want:
-            raise _mismatch("try_resume_task", name)
+            raise StoreContractError.mismatch("try_resume_task", name, got, want)
     return result

@@ -184,8 +184,12 @@ def test_a_lying_frontier_is_a_contract_error() -> None:
         return RunFrontier(RunStatus.RUNNING, 3, 1, False, {2: stray})
 
     store.get_run_frontier = lying  # type: ignore[method-assign]
-    with pytest.raises(StoreContractError, match="not a requested node"):
+    with pytest.raises(StoreContractError) as info:
         reconcile_after_completion(store, "run-1", [0], callbacks=log.callbacks)
+    assert str(info.value) == (
+        "get_run_frontier of run 'run-1' returned a launch of node 2; "
+        "expected only the requested nodes [0, 1]"
+    )
 
     def wrong_size(
         run_id: str, node_indices: Sequence[int], *, count_complete: bool = False
@@ -193,8 +197,10 @@ def test_a_lying_frontier_is_a_contract_error() -> None:
         return RunFrontier(RunStatus.RUNNING, 7, 1, False, {})
 
     store.get_run_frontier = wrong_size  # type: ignore[method-assign]
-    with pytest.raises(StoreContractError, match="disagrees with its topology"):
+    with pytest.raises(StoreContractError) as info:
         reconcile_after_completion(store, "run-1", [0], callbacks=log.callbacks)
+    assert str(info.value) == "get_run_frontier of run 'run-1' returned node_count 7; expected 3"
+    assert info.value.field == "node_count"
 
 
 # --- equivalence on random DAGs (property) ----------------------------------

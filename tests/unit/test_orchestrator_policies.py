@@ -9,9 +9,16 @@ from typing import Any
 import pytest
 
 from dagwerk.backends.memory import MemoryStore
-from dagwerk.constants import FailurePolicy, InputMode, NodeDisposition, RunStatus, TaskStatus
+from dagwerk.constants import (
+    FailurePolicy,
+    InputMode,
+    LaunchCreateStatus,
+    NodeDisposition,
+    RunStatus,
+    TaskStatus,
+)
 from dagwerk.limits import Limits
-from dagwerk.models import LaunchCreateResult
+from dagwerk.models import LaunchCreateResult, NodeLaunch
 from dagwerk.orchestrator import (
     cancel_run,
     on_task_complete,
@@ -278,39 +285,90 @@ def test_or_14_non_final_completions_do_not_read_the_graph() -> None:
 
 
 def _wrong_launch(**changes: Any) -> Any:
+    """The store's launch with ``changes``, built without validation (as a
+    store that builds its own records might)."""
+
     def create(inner: MemoryStore, *args: Any, **kwargs: Any) -> LaunchCreateResult:
         result = inner.try_create_node_launch(*args, **kwargs)
         assert result.launch is not None
-        return result.model_copy(update={"launch": result.launch.model_copy(update=changes)})
+        launch = NodeLaunch.model_construct(**{**dict(result.launch), **changes})
+        return LaunchCreateResult.model_construct(status=result.status, launch=launch)
 
     return create
 
 
 @pytest.mark.parametrize(
-    "changes",
+    ("changes", "field", "message"),
     [
-        {"run_id": "other"},
-        {"node_index": 5},
-        {"plugin_name": "other"},
-        {"generation": 3},
-        {"complete": True},
-        {"task_ids": ("t1", "t2")},
+        ({"run_id": "other"}, "run_id", "run_id 'other'; expected 'run-1'"),
+        ({"node_index": 5}, "node_index", "node_index 5; expected 0"),
+        ({"plugin_name": "other"}, "plugin_name", "plugin_name 'other'; expected 'a'"),
+        ({"generation": 3}, "generation", "generation 3; expected 0"),
+        ({"complete": True}, "complete", "complete True with 1 task ID to run; expected False"),
+        ({"task_ids": ("t1", "t2")}, "task_ids", "2 task IDs; expected 1 (one per plan)"),
+        (
+            {"task_ids": ("t1", "t1")},
+            "task_ids",
+            "task ID 't1' twice; expected unique task IDs",
+        ),
+        ({"task_ids": ("",)}, "task_ids", "an empty task ID; expected non-empty task IDs"),
+        (
+            {"task_ids": ()},
+            "task_ids",
+            "disposition 'launched' with no task IDs; expected at least 1",
+        ),
+        (
+            {"disposition": NodeDisposition.SKIPPED},
+            "task_ids",
+            "disposition 'skipped' with 1 task ID; expected none",
+        ),
+        (
+            {"disposition": NodeDisposition.SKIPPED, "task_ids": ()},
+            "complete",
+            "complete False with disposition 'skipped'; expected True",
+        ),
+        (
+            {"disposition": NodeDisposition.FAILED, "task_ids": (), "complete": True},
+            "error",
+            "error '' with disposition 'failed'; expected an error message",
+        ),
+        (
+            {"disposition": NodeDisposition.SKIPPED, "task_ids": (), "complete": True},
+            "disposition",
+            "disposition 'skipped'; expected 'launched'",
+        ),
     ],
 )
-def test_or_07_launch_results_must_match_the_request(changes: dict[str, Any]) -> None:
+def test_or_07_launch_results_must_match_the_request(
+    changes: dict[str, Any], field: str, message: str
+) -> None:
     store = MemoryStore()
     store.create_run("run-1", [root("a")])
     proxy = as_store(StoreProxy(store, try_create_node_launch=_wrong_launch(**changes)))
-    with pytest.raises(StoreContractError, match="mismatched field"):
+    with pytest.raises(StoreContractError) as info:
         start_run(proxy, "run-1", callbacks=CallbackLog().callbacks)
+    assert str(info.value) == f"try_create_node_launch for node 0 returned {message}"
+    assert info.value.field == field
 
 
-def test_or_07_a_non_result_is_a_contract_error() -> None:
+@pytest.mark.parametrize(
+    ("answer", "message"),
+    [
+        (None, "try_create_node_launch returned NoneType; expected LaunchCreateResult"),
+        (
+            LaunchCreateResult.model_construct(status=LaunchCreateStatus.CREATED, launch=None),
+            "try_create_node_launch returned a created result whose launch is NoneType; "
+            "expected NodeLaunch",
+        ),
+    ],
+)
+def test_or_07_a_non_result_is_a_contract_error(answer: object, message: str) -> None:
     store = MemoryStore()
     store.create_run("run-1", [root("a")])
-    proxy = as_store(StoreProxy(store, try_create_node_launch=lambda inner, *a, **k: None))
-    with pytest.raises(StoreContractError):
+    proxy = as_store(StoreProxy(store, try_create_node_launch=lambda inner, *a, **k: answer))
+    with pytest.raises(StoreContractError) as info:
         start_run(proxy, "run-1", callbacks=CallbackLog().callbacks)
+    assert str(info.value) == message
 
 
 # --- limits -------------------------------------------------------------------

@@ -18,6 +18,7 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any
 
+from dagwerk._protocols import implements
 from dagwerk.budgets import Budget
 from dagwerk.constants import RUN_TERMINAL_STATUSES, FailurePolicy, RunStatus
 from dagwerk.errors import DagwerkError
@@ -27,7 +28,7 @@ from dagwerk.models import DagNode
 from dagwerk.orchestrator import OrchestratorCallbacks, cancel_run, reconcile_run, start_run
 from dagwerk.pipelines.loader import Pipeline
 from dagwerk.plugins import PluginMeta
-from dagwerk.retry import RunRetryResult, retry_run
+from dagwerk.retry import RunRetryResult, rerun_nodes, retry_run
 from dagwerk.runtime.backstop import DEFAULT_BACKSTOP_INTERVAL, check_backstop_interval
 from dagwerk.runtime.plugins import CostEstimateFn, PluginFn
 from dagwerk.runtime.retry_policy import RetryPolicy
@@ -36,6 +37,7 @@ from dagwerk.schema import get_pipeline_input_schema, merge_run_input
 from dagwerk.store import (
     DagBudgetStore,
     DeadLetter,
+    NodeRerunStore,
     RunRecord,
     TaskRecord,
     TaskResumeResult,
@@ -351,23 +353,20 @@ class Engine:
         reconcile_run(self._store, run_id, callbacks=_CALLBACKS)
         return result
 
-    def rerun(self, run_id: str, nodes: Sequence[str]) -> object:
+    def rerun(self, run_id: str, nodes: Sequence[str]) -> RunRetryResult:
         """Run the named nodes and all their descendants again as a new
-        generation, also for a COMPLETED run; returns the store's reopen result."""
-        indices = self._indices(run_id, nodes)
-        from dagwerk import retry as retry_module
+        generation, also for a COMPLETED run; returns what the re-run committed.
 
-        rerun_nodes = getattr(retry_module, "rerun_nodes", None)
-        if rerun_nodes is None:
-            if not hasattr(self._store, "try_rerun_nodes"):
-                raise UnsupportedOperationError(
-                    "this store cannot re-run nodes yet (try_rerun_nodes is missing)"
-                )
-            result = self._store.try_rerun_nodes(run_id, tuple(sorted(set(indices))))
-            if result is None:
-                raise EngineError(f"run {run_id!r} cannot be re-run", code="rerun_rejected")
-        else:
-            result = rerun_nodes(self._store, run_id, indices)
+        Raises :class:`UnsupportedOperationError` for a store that does not
+        implement :class:`~dagwerk.store.NodeRerunStore`.
+        """
+        indices = self._indices(run_id, nodes)
+        store: object = self._store
+        if not implements(store, NodeRerunStore):
+            raise UnsupportedOperationError(
+                "this store cannot re-run nodes (it does not implement NodeRerunStore)"
+            )
+        result = rerun_nodes(store, run_id, indices)
         reconcile_run(self._store, run_id, callbacks=_CALLBACKS)
         return result
 

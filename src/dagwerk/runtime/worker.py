@@ -85,8 +85,10 @@ from dagwerk.store import (
     DagBudgetStore,
     DagChildStore,
     DagQueueStore,
+    DelayedRetryStore,
     LeasedDelivery,
     TaskRecord,
+    WaitResponseStore,
 )
 from dagwerk.task_input import resolve_task_inputs
 from dagwerk.waiting import wait_task
@@ -128,6 +130,9 @@ class Worker:
     ``store`` is a ``DagStore`` + ``DagRunStore`` + ``OutputResolver`` (and
     ``DagRetryStore`` for retries, ``DagWaitStore`` for ``ctx.wait``) and a
     ``DagQueueStore``, whose leases hide a delivery while its attempt runs.
+    A retry policy needs a ``DelayedRetryStore`` (without one a failure is
+    final, as in the seed) and ``ctx.wait_response`` a ``WaitResponseStore``
+    (without one it is ``None``).
     """
 
     def __init__(
@@ -187,6 +192,12 @@ class Worker:
         # Protocol checks walk every member of the protocol; a worker asks
         # them once here, not per delivery.
         self.child_store: DagChildStore | None = store if isinstance(store, DagChildStore) else None
+        self.retry_store: DelayedRetryStore | None = (
+            store if isinstance(store, DelayedRetryStore) else None
+        )
+        self.wait_responses: WaitResponseStore | None = (
+            store if isinstance(store, WaitResponseStore) else None
+        )
         # Kept across batches (immutable), the most recent LINKS_KEPT runs'.
         self.run_links: dict[str, RunLink | None] = FifoCache(LINKS_KEPT)
         self.budget_store: DagBudgetStore | None = (
@@ -619,8 +630,8 @@ class Worker:
             else MappingProxyType({})
         )
         response = None
-        if resumed_from is not None and hasattr(self.store, "get_wait_response"):
-            response = self.store.get_wait_response(delivery.task_id, resumed_from)
+        if resumed_from is not None and self.wait_responses is not None:
+            response = self.wait_responses.get_wait_response(delivery.task_id, resumed_from)
 
         def heartbeat() -> None:
             self._heartbeat(delivery, entry, bound)
@@ -735,8 +746,12 @@ class Worker:
             error = TaskTimedOut(f"task timed out ({outcome.detail})")
         else:
             error = outcome.error or RuntimeError("Unknown error")
-        if outcome.retryable and policy.should_retry(error, attempt):
-            self._reserve_retry(delivery, error, attempt, policy)
+        if (
+            outcome.retryable
+            and self.retry_store is not None
+            and policy.should_retry(error, attempt)
+        ):
+            self._reserve_retry(self.retry_store, delivery, error, attempt, policy)
         elif outcome.kind is OutcomeKind.TIMEOUT:
             # A timeout that cannot be retried is recorded as a crash (decisions.md).
             on_task_crashed(
@@ -761,12 +776,17 @@ class Worker:
         self._ack(delivery, "failed", _describe(error))
 
     def _reserve_retry(
-        self, delivery: LeasedDelivery, error: BaseException, attempt: int, policy: RetryPolicy
+        self,
+        store: DelayedRetryStore,
+        delivery: LeasedDelivery,
+        error: BaseException,
+        attempt: int,
+        policy: RetryPolicy,
     ) -> None:
         # One commit records the failure and reserves the next attempt with a
         # delayed delivery, so no finaliser can close the run in between (WK-13).
         delay = policy.next_delay(attempt, self._rng)
-        new_attempt = self.store.try_fail_task_with_retry(
+        new_attempt = store.try_fail_task_with_retry(
             delivery.task_id,
             _describe(error),
             expected_attempt_id=delivery.attempt_id,

@@ -247,7 +247,9 @@ def test_fn_04_wrappers_reject_contradictory_store_results(store: ContractStore)
         )
 
     proxy = StoreProxy(store, try_claim_task=lying_claim)
-    with pytest.raises(StoreContractError, match="mismatched fields"):
+    with pytest.raises(
+        StoreContractError, match=r"^try_claim_task returned attempt_id 'someone-else'; expected '"
+    ):
         claim_task(
             as_store(proxy),
             record.task_id,
@@ -255,7 +257,10 @@ def test_fn_04_wrappers_reject_contradictory_store_results(store: ContractStore)
             expected_generation=0,
         )
     not_a_result = StoreProxy(store, try_claim_task=lambda inner, *a, **kw: object())
-    with pytest.raises(StoreContractError):
+    with pytest.raises(
+        StoreContractError,
+        match=r"^try_claim_task returned object; expected TaskClaimResult or None$",
+    ):
         claim_task(
             as_store(not_a_result),
             record.task_id,
@@ -276,7 +281,9 @@ def test_fn_04_wrappers_reject_contradictory_store_results(store: ContractStore)
         )
 
     proxy = StoreProxy(store, try_recover_task=lying_recovery)
-    with pytest.raises(StoreContractError, match="mismatched fields"):
+    with pytest.raises(
+        StoreContractError, match=r"^try_recover_task returned generation 1; expected 0$"
+    ):
         recover_task(
             as_store(proxy),
             record.task_id,

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from types import MappingProxyType
 from typing import Any
 
@@ -186,7 +187,10 @@ def test_rt_03_store_results_are_checked(store: ContractStore) -> None:
     with pytest.raises(RetryRejectedError):
         retry_run(as_store(refused), "run-1")
     junk = StoreProxy(store, try_reopen_run=lambda inner, run_id, boundary: object())
-    with pytest.raises(StoreContractError):
+    with pytest.raises(
+        StoreContractError,
+        match=r"^try_reopen_run returned object; expected RunReopenResult or None$",
+    ):
         retry_run(as_store(junk), "run-1")
 
     def inexact(inner: ContractStore, run_id: str, boundary: Any) -> RunReopenResult:
@@ -195,7 +199,12 @@ def test_rt_03_store_results_are_checked(store: ContractStore) -> None:
         object.__setattr__(result, "generations", MappingProxyType({1: 1, 2: 1}))
         return result
 
-    with pytest.raises(StoreContractError, match="different generation set"):
+    with pytest.raises(
+        StoreContractError,
+        match=re.escape(
+            "try_reopen_run returned generations for nodes [1, 2]; expected the affected nodes [1]"
+        ),
+    ):
         retry_run(as_store(StoreProxy(store, try_reopen_run=inexact)), "run-1")
     assert store.get_run_status("run-1") is RunStatus.FAILED
 

@@ -8,20 +8,25 @@ from typing import Any
 
 import pytest
 
+from dagwerk._protocols import implements
 from dagwerk.constants import MAX_WAIT_ID_LENGTH, RunStatus, TaskStatus
 from dagwerk.execution import recover_task
 from dagwerk.orchestrator import abort_run, cancel_run, on_task_failed, reconcile_run
 from dagwerk.retry import retry_run, retry_task
 from dagwerk.store import (
     DagRetryStore,
+    DagRunStore,
     DagStore,
     DagWaitStore,
+    DelayedRetryStore,
+    NodeRerunStore,
     OutputResolver,
     StoreContractError,
     TaskResumeResult,
     TaskWaitResult,
     WaitRecord,
     WaitRecordStore,
+    WaitResponseStore,
 )
 from dagwerk.testing.helpers import (
     CallbackLog,
@@ -531,6 +536,27 @@ def test_wt_16_get_wait_reads_the_wait_records(store: ContractStore) -> None:
     assert store.get_wait("no-such-task", "first") is None
 
 
+@pytest.mark.parametrize(
+    "protocol",
+    [
+        DagStore,
+        DagWaitStore,
+        DagRetryStore,
+        OutputResolver,
+        WaitResponseStore,
+        DelayedRetryStore,
+        NodeRerunStore,
+        DagRunStore,
+    ],
+    ids=lambda protocol: protocol.__name__,
+)
+def test_the_store_implements_the_seed_protocols_and_their_extensions(
+    store: ContractStore, protocol: type
+) -> None:
+    assert isinstance(store, protocol)
+    assert implements(store, protocol)
+
+
 def test_wt_16_wrappers_reject_contradictory_wait_results(store: ContractStore) -> None:
     _, tid, aid, gen = _running(store)
 
@@ -545,8 +571,13 @@ def test_wt_16_wrappers_reject_contradictory_wait_results(store: ContractStore) 
         )
 
     proxy = StoreProxy(store, try_wait_task=other_wait)
-    with pytest.raises(StoreContractError, match="mismatched fields"):
+    with pytest.raises(
+        StoreContractError, match=r"^try_wait_task returned wait_id 'different'; expected 'w'$"
+    ):
         _wait(as_store(proxy), tid, "w", aid, gen)
     junk = StoreProxy(store, try_resume_task=lambda inner, *a, **kw: "not a result")
-    with pytest.raises(StoreContractError):
+    with pytest.raises(
+        StoreContractError,
+        match=r"^try_resume_task returned str; expected TaskResumeResult or None$",
+    ):
         _resume(as_store(junk), tid, "w", aid, gen)

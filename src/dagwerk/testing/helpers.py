@@ -55,11 +55,14 @@ from dagwerk.store import (
     DagRetryStore,
     DagRunStore,
     DagWaitStore,
+    DelayedRetryStore,
     Delivery,
+    NodeRerunStore,
     OutputResolver,
     RunRecord,
     TaskClaimResult,
     TaskRecord,
+    WaitResponseStore,
 )
 from dagwerk.task_input import resolve_task_inputs
 from dagwerk.waiting import wait_task
@@ -96,8 +99,18 @@ __all__ = [
 ]
 
 
-class ContractStore(DagWaitStore, DagRetryStore, OutputResolver, DagRunStore, Protocol):
-    """What the contract suite needs from a store: every protocol at once."""
+class ContractStore(
+    WaitResponseStore,
+    DelayedRetryStore,
+    NodeRerunStore,
+    DagWaitStore,
+    DagRetryStore,
+    OutputResolver,
+    DagRunStore,
+    Protocol,
+):
+    """What the contract suite needs from a store: the seed's protocols with
+    dagwerk's extensions of them, and the run store, at once."""
 
 
 # --- pipelines ------------------------------------------------------------

@@ -1,9 +1,11 @@
 """The store contract suite: every contract test in one importable module.
 
 A backend's test module runs the whole suite by importing it and providing a
-``store`` fixture that returns a fresh, empty store implementing
-``DagStore``, ``DagWaitStore``, ``DagRetryStore``, ``OutputResolver`` and
-``DagRunStore``::
+``store`` fixture that returns a fresh, empty store implementing the seed's
+``DagStore``, ``DagWaitStore``, ``DagRetryStore`` and ``OutputResolver``,
+their extensions ``WaitResponseStore``, ``DelayedRetryStore`` and
+``NodeRerunStore``, ``DagRunStore`` and the queue (``DagQueueStore``); the
+tests of the other extensions expect what the built-in stores offer::
 
     import pytest
     from dagwerk.testing.store_contract import *  # noqa: F401,F403

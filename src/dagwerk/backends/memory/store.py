@@ -28,7 +28,9 @@ class MemoryStore(
     FrontierMixin,
 ):
     """Implements ``DagStore``, ``DagWaitStore``, ``DagRetryStore``,
-    ``OutputResolver``, ``DagRunStore`` and ``RunActivityStore`` in memory.
+    ``OutputResolver`` (the seed's protocols), their extensions
+    ``WaitResponseStore``, ``DelayedRetryStore`` and ``NodeRerunStore``,
+    and ``DagRunStore`` and ``RunActivityStore``, in memory.
 
     Thread-safe: one re-entrant lock serialises every public method, and each
     method is one transaction (validate, then write). It keeps wait, resume

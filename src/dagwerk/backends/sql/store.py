@@ -27,8 +27,10 @@ class SqlStore(
     FrontierMixin,
 ):
     """Implements ``DagStore``, ``DagWaitStore``, ``DagRetryStore``,
-    ``OutputResolver``, ``DagRunStore``, ``RunActivityStore`` and
-    ``DagQueueStore`` over a :class:`~dagwerk.backends.sql.gateway.Gateway`.
+    ``OutputResolver`` (the seed's protocols), their extensions
+    ``WaitResponseStore``, ``DelayedRetryStore`` and ``NodeRerunStore``,
+    ``DagRunStore``, ``RunActivityStore`` and ``DagQueueStore`` over a
+    :class:`~dagwerk.backends.sql.gateway.Gateway`.
 
     Behaves exactly like :class:`~dagwerk.backends.memory.MemoryStore`, with
     one durable difference: output ``data`` must be JSON-serialisable. Each
