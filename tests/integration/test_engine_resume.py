@@ -10,11 +10,9 @@ from __future__ import annotations
 
 import json
 import re
-import uuid
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
-from urllib.parse import quote
 
 import pytest
 from click.testing import CliRunner
@@ -24,24 +22,9 @@ from dagwerk.cli import cli
 from dagwerk.constants import TaskStatus
 from dagwerk.engine import ResumeRejectedError
 from dagwerk.store import TaskRecord
+from dagwerk.testing.postgres import fresh_schema_url
 
 NODES = [DagNode(slug="ask", plugin="ask"), DagNode(slug="other", plugin="other")]
-
-
-def _postgres_schema_url(base: str) -> Iterator[str]:
-    """A URL whose connections use a fresh schema (dropped afterwards), so the
-    CLI's own engine and the test's engine see the same tables."""
-    import psycopg  # the PostgreSQL extra: only the PostgreSQL cases need it
-
-    name = f"resume_{uuid.uuid4().hex[:12]}"
-    with psycopg.connect(base, autocommit=True) as conn:
-        conn.execute(f'CREATE SCHEMA "{name}"')
-    separator = "&" if "?" in base else "?"
-    try:
-        yield f"{base}{separator}options={quote(f'-csearch_path={name}')}"
-    finally:
-        with psycopg.connect(base, autocommit=True) as conn:
-            conn.execute(f'DROP SCHEMA IF EXISTS "{name}" CASCADE')
 
 
 def _url(backend: str, tmp_path: Path, request: pytest.FixtureRequest) -> Iterator[str]:
@@ -50,7 +33,8 @@ def _url(backend: str, tmp_path: Path, request: pytest.FixtureRequest) -> Iterat
     elif backend == "sqlite":
         yield f"sqlite:///{tmp_path / 'resume.db'}"
     else:
-        yield from _postgres_schema_url(request.getfixturevalue("postgres_url"))
+        with fresh_schema_url(request.getfixturevalue("postgres_url"), "resume") as url:
+            yield url
 
 
 @pytest.fixture(params=["memory", "sqlite", "postgres"])

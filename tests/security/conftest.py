@@ -4,12 +4,12 @@
 from __future__ import annotations
 
 import os
-import uuid
 from collections.abc import Iterator
 from pathlib import Path
-from urllib.parse import quote
 
 import pytest
+
+from dagwerk.testing.postgres import fresh_schema_url
 
 BACKENDS = ["sqlite", "postgres"]
 
@@ -28,17 +28,8 @@ def store_url(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[str]:
     base = postgres_base_url()
     if base is None:
         pytest.skip("DAGWERK_TEST_POSTGRES_URL is not set")
-    import psycopg
-
-    name = f"sec_{uuid.uuid4().hex[:12]}"
-    with psycopg.connect(base, autocommit=True) as conn:
-        conn.execute(f'CREATE SCHEMA "{name}"')
-    separator = "&" if "?" in base else "?"
-    try:
-        yield f"{base}{separator}options={quote(f'-csearch_path={name}')}"
-    finally:
-        with psycopg.connect(base, autocommit=True) as conn:
-            conn.execute(f'DROP SCHEMA IF EXISTS "{name}" CASCADE')
+    with fresh_schema_url(base, "sec") as url:
+        yield url
 
 
 def postgres_text_dump(url: str) -> str:
