@@ -25,11 +25,13 @@ from dagwerk.constants import RunStatus
 from dagwerk.frontier import reconcile_after_completion
 from dagwerk.limits import Limits
 from dagwerk.orchestrator import (
-    OrchestratorCallbacks,
-    RunCallback,
-    _policy_needs_reconcile,
     on_task_failed,
     reconcile_run,
+)
+from dagwerk.reconcile import (
+    OrchestratorCallbacks,
+    RunCallback,
+    policy_needs_reconcile,
 )
 from dagwerk.store import (
     BatchQueueStore,
@@ -142,7 +144,7 @@ def _complete(
         # falling back to the full pass whenever it cannot decide.
         if done:
             reconcile_after_completion(store, run_id, done, callbacks=callbacks, limits=limits)
-        elif _policy_needs_reconcile(store, run_id):
+        elif policy_needs_reconcile(store, run_id):
             reconcile_run(store, run_id, callbacks=callbacks, limits=limits)
     return outcomes
 

@@ -23,16 +23,19 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 
 from dagwerk._protocols import implements
-from dagwerk.constants import FailurePolicy, NodeDisposition, RunStatus
+from dagwerk.constants import FailurePolicy, RunStatus
 from dagwerk.limits import Limits
 from dagwerk.orchestrator import (
-    OrchestratorCallbacks,
-    _cached_topology,
-    _failure_policy,
-    _limits_of,
-    _Reconciler,
-    _topology_cache,
     reconcile_run,
+)
+from dagwerk.reconcile import (
+    FAILED_DISPOSITIONS,
+    OrchestratorCallbacks,
+    Reconciler,
+    cached_topology,
+    failure_policy,
+    limits_of,
+    topology_cache,
 )
 from dagwerk.store import (
     DagStore,
@@ -44,8 +47,6 @@ from dagwerk.store import (
 from dagwerk.topology import RunTopology
 
 __all__ = ["reconcile_after_completion"]
-
-_FAILED = frozenset({NodeDisposition.FAILED, NodeDisposition.UPSTREAM_FAILED})
 
 
 def reconcile_after_completion(
@@ -65,17 +66,17 @@ def reconcile_after_completion(
     module docstring). Safe to call after any commit, any number of times.
     """
     nodes = sorted(set(completed))
-    limits = _limits_of(store, limits)
-    cache = _topology_cache(store, limits)
+    limits = limits_of(store, limits)
+    cache = topology_cache(store, limits)
     if (
         not nodes
         or cache is None
         or not implements(store, RunFrontierStore)
-        or _failure_policy(store, run_id) is not FailurePolicy.FAIL_FAST
+        or failure_policy(store, run_id) is not FailurePolicy.FAIL_FAST
     ):
         reconcile_run(store, run_id, callbacks=callbacks, limits=limits)
         return
-    topology = _cached_topology(cache, run_id)
+    topology = cached_topology(cache, run_id)
     count = 0 if topology is None else len(topology.nodes)
     if topology is None or any(type(i) is not int or not 0 <= i < count for i in nodes):
         reconcile_run(store, run_id, callbacks=callbacks, limits=limits)
@@ -127,12 +128,12 @@ def _advance_children(  # noqa: PLR0917 (private helper)
         if kid not in launches
         and all(p in launches and launches[p].complete for p in dependencies[kid])
     ]
-    reconciler = _Reconciler(store, run_id, topology, callbacks, limits)
+    reconciler = Reconciler(store, run_id, topology, callbacks, limits)
     for kid in ready:
-        launch = reconciler._launch(kid, None)
+        launch = reconciler.launch(kid, None)
         if launch is None:
             continue  # deferred after stale snapshots, as in the full reconcile
-        if launch.complete or launch.disposition in _FAILED:
+        if launch.complete or launch.disposition in FAILED_DISPOSITIONS:
             # A zero-task launch may unlock its own children; a failed one
             # finalises the run: both are the full reconcile's business.
             return False
