@@ -84,7 +84,7 @@ def bq_store(
 # --- helpers ------------------------------------------------------------------
 
 
-def _claim(
+def claim_batch(
     store: BatchContractStore,
     worker: str = "w1",
     *,
@@ -95,7 +95,9 @@ def _claim(
     return store.claim_deliveries(worker, limit=limit, lease_seconds=lease_seconds, queues=queues)
 
 
-def _request(entry: ClaimedDelivery, outputs: tuple[EmittedOutput, ...]) -> CompletionRequest:
+def completion_request(
+    entry: ClaimedDelivery, outputs: tuple[EmittedOutput, ...]
+) -> CompletionRequest:
     """Complete the attempt the entry's row offers, acking that row."""
     row = entry.delivery
     return CompletionRequest(
@@ -106,21 +108,21 @@ def _request(entry: ClaimedDelivery, outputs: tuple[EmittedOutput, ...]) -> Comp
     )
 
 
-def _completed(outcome: CompletionOutcome) -> TaskCompletionResult:
+def completed_result(outcome: CompletionOutcome) -> TaskCompletionResult:
     assert isinstance(outcome, TaskCompletionResult), f"expected a completion, got {outcome!r}"
     return outcome
 
 
-def _claimed(entry: ClaimedDelivery) -> TaskRecord:
+def claimed_task(entry: ClaimedDelivery) -> TaskRecord:
     assert entry.task is not None, f"claim of {entry.delivery.task_id} was refused"
     return entry.task
 
 
-def _node(slug: str, priority: int) -> DagNode:
+def node_with_priority(slug: str, priority: int) -> DagNode:
     return DagNode(slug=slug, plugin=slug, priority=priority)
 
 
-def _row_ids(store: BatchContractStore, run_id: str = "run-1") -> list[str]:
+def delivery_row_ids(store: BatchContractStore, run_id: str = "run-1") -> list[str]:
     return [row.delivery_id for row in store.list_deliveries(run_id)]
 
 
@@ -152,26 +154,26 @@ def test_bq_01_claim_deliveries_leases_and_claims_up_to_limit(
     store = bq_store
     new_run(store, [root("a"), root("b"), root("c")])
     before = {record.task_id: record for record in store.list_tasks("run-1")}
-    first = _claim(store, "w1", limit=2)
+    first = claim_batch(store, "w1", limit=2)
     assert len(first) == 2
     for entry in first:
         row = entry.delivery
         assert (row.worker_id, row.delivery_count) == ("w1", 1)
         assert row.lease_expires_at == bq_clock.now + 30.0
-        claimed = _claimed(entry)
+        claimed = claimed_task(entry)
         # The record is the task as the claim left it: RUNNING under the
         # row's attempt, nothing but the status changed (FN-01).
         assert claimed == task(store, row.task_id)
         assert claimed == replace(before[row.task_id], status=TaskStatus.RUNNING)
         assert (claimed.attempt_id, claimed.generation) == (row.attempt_id, row.generation)
         assert store.list_attempts(row.task_id)[-1].worker_id == "w1"
-    second = _claim(store, "w2", limit=5)
+    second = claim_batch(store, "w2", limit=5)
     assert len(second) == 1
-    assert _claimed(second[0]).status is TaskStatus.RUNNING
+    assert claimed_task(second[0]).status is TaskStatus.RUNNING
     leased = {e.delivery.task_id for e in first + second}
     assert leased == set(before)
     assert len({e.delivery.delivery_id for e in first + second}) == 3
-    assert _claim(store, "w3") == []
+    assert claim_batch(store, "w3") == []
     # Claiming acknowledges nothing: the rows stay until acked.
     assert len(store.list_deliveries("run-1")) == 3
     assert all(r.status is TaskStatus.RUNNING for r in store.list_tasks("run-1"))
@@ -179,14 +181,22 @@ def test_bq_01_claim_deliveries_leases_and_claims_up_to_limit(
 
 def test_bq_02_entries_follow_priority_then_creation_order(bq_store: BatchContractStore) -> None:
     store = bq_store
-    new_run(store, [_node("low", 0), _node("high", 9), _node("mid", 5), _node("low2", 0)])
-    first = _claim(store, limit=3)
+    new_run(
+        store,
+        [
+            node_with_priority("low", 0),
+            node_with_priority("high", 9),
+            node_with_priority("mid", 5),
+            node_with_priority("low2", 0),
+        ],
+    )
+    first = claim_batch(store, limit=3)
     assert [e.delivery.node_index for e in first] == [1, 2, 0]
     assert [e.delivery.priority for e in first] == [9, 5, 0]
-    assert all(_claimed(e).node_index == e.delivery.node_index for e in first)
-    (last,) = _claim(store, limit=3)
+    assert all(claimed_task(e).node_index == e.delivery.node_index for e in first)
+    (last,) = claim_batch(store, limit=3)
     assert last.delivery.node_index == 3
-    assert _claimed(last).status is TaskStatus.RUNNING
+    assert claimed_task(last).status is TaskStatus.RUNNING
 
 
 def test_bq_03_entries_follow_availability_and_count_leases_like_dequeue(
@@ -201,13 +211,13 @@ def test_bq_03_entries_follow_availability_and_count_leases_like_dequeue(
         assert store.nack(delivery_id, "w1")
     bq_clock.advance(1.0)
     assert store.nack(order[0], "w1")
-    entries = _claim(store, "w2", limit=3, lease_seconds=12.5)
+    entries = claim_batch(store, "w2", limit=3, lease_seconds=12.5)
     assert [e.delivery.delivery_id for e in entries] == order[1:] + order[:1]
     for entry in entries:
         assert entry.delivery.delivery_count == 2
         assert entry.delivery.worker_id == "w2"
         assert entry.delivery.lease_expires_at == bq_clock.now + 12.5
-        assert _claimed(entry).status is TaskStatus.RUNNING
+        assert claimed_task(entry).status is TaskStatus.RUNNING
 
 
 def test_bq_04_claim_refused_for_a_task_not_queued_keeps_the_lease_and_changes_nothing(
@@ -229,7 +239,7 @@ def test_bq_04_claim_refused_for_a_task_not_queued_keeps_the_lease_and_changes_n
         expected_generation=waiting.generation,
     )
     snapshot = fingerprint(store, "run-1")
-    entries = _claim(store, "w1")
+    entries = claim_batch(store, "w1")
     assert [(e.delivery.task_id, e.delivery.attempt_id, e.task) for e in entries] == [
         (running.task_id, running.attempt_id, None),
         (waiting.task_id, waiting.attempt_id, None),
@@ -239,7 +249,7 @@ def test_bq_04_claim_refused_for_a_task_not_queued_keeps_the_lease_and_changes_n
     assert task(store, waiting.task_id).status is TaskStatus.WAITING
     # The rows are still leased to w1: hidden from others, ackable by w1 only.
     assert store.dequeue("w2", limit=5, lease_seconds=30.0) == []
-    assert _claim(store, "w2") == []
+    assert claim_batch(store, "w2") == []
     assert store.ack(entries[0].delivery.delivery_id, "w2") is False
     assert all(store.ack(e.delivery.delivery_id, "w1") for e in entries)
     assert store.list_deliveries("run-1") == []
@@ -263,7 +273,7 @@ def test_bq_05_rows_of_stale_attempts_are_leased_but_not_claimed(
     )
     assert retried is not None
     fresh = {lost.task_id: recovered.recovered_attempt_id, flaky.task_id: retried}
-    entries = _claim(store, "w1")
+    entries = claim_batch(store, "w1")
     # The old rows are older, so they come first; the new ones win the claims.
     assert [e.delivery.attempt_id for e in entries] == [
         lost.attempt_id,
@@ -273,7 +283,7 @@ def test_bq_05_rows_of_stale_attempts_are_leased_but_not_claimed(
     ]
     assert [e.task is None for e in entries] == [True, True, False, False]
     for entry in entries[2:]:
-        claimed = _claimed(entry)
+        claimed = claimed_task(entry)
         assert claimed == task(store, entry.delivery.task_id)
         assert claimed.status is TaskStatus.RUNNING
         assert claimed.attempt_id == fresh[claimed.task_id]
@@ -289,7 +299,7 @@ def test_bq_05_rows_of_stale_attempts_are_leased_but_not_claimed(
     assert store.ack(entries[0].delivery.delivery_id, "w2") is False
     assert store.ack(entries[0].delivery.delivery_id, "w1") is True
     assert store.ack(entries[1].delivery.delivery_id, "w1") is True
-    assert sorted(_row_ids(store)) == sorted(e.delivery.delivery_id for e in entries[2:])
+    assert sorted(delivery_row_ids(store)) == sorted(e.delivery.delivery_id for e in entries[2:])
 
 
 def test_bq_06_rows_of_a_cancelled_run_are_not_leased(bq_store: BatchContractStore) -> None:
@@ -298,9 +308,9 @@ def test_bq_06_rows_of_a_cancelled_run_are_not_leased(bq_store: BatchContractSto
     new_run(store, [root("c")], run_id="run-2")
     assert store.try_cancel_run("run-1") is True
     snapshot = fingerprint(store, "run-1")
-    (entry,) = _claim(store, "w1")
+    (entry,) = claim_batch(store, "w1")
     assert entry.delivery.run_id == "run-2"
-    assert _claimed(entry).run_id == "run-2"
+    assert claimed_task(entry).run_id == "run-2"
     assert fingerprint(store, "run-1") == snapshot
     assert all(r.status is TaskStatus.CANCELLED for r in store.list_tasks("run-1"))
 
@@ -317,7 +327,7 @@ def test_bq_07_row_past_max_deliveries_is_dead_lettered_not_returned(
     assert store.nack(first.delivery_id, "w1")
     (entry,) = store.claim_deliveries("w2", limit=1, lease_seconds=30.0)
     assert entry.delivery.task_id != doomed.task_id
-    assert _claimed(entry).status is TaskStatus.RUNNING
+    assert claimed_task(entry).status is TaskStatus.RUNNING
     (letter,) = store.list_dead_letters()
     assert letter.reason == "max_deliveries"
     assert letter.delivery_id == first.delivery_id
@@ -327,7 +337,7 @@ def test_bq_07_row_past_max_deliveries_is_dead_lettered_not_returned(
     assert crashed.error == "dead-lettered: max_deliveries"
     assert store.take_dead_lettered() == [TaskAttemptRef(doomed.task_id, doomed.attempt_id)]
     assert store.take_dead_lettered() == []
-    assert _row_ids(store) == [entry.delivery.delivery_id]
+    assert delivery_row_ids(store) == [entry.delivery.delivery_id]
 
 
 def test_bq_08_nothing_deliverable_returns_empty_at_once(bq_store: BatchContractStore) -> None:
@@ -336,8 +346,8 @@ def test_bq_08_nothing_deliverable_returns_empty_at_once(bq_store: BatchContract
     assert store.claim_deliveries("w1", limit=5, lease_seconds=5.0, wait_seconds=0) == []
     new_run(store, [root("a")])
     # Work in another queue, or in no queue at all, is not deliverable here.
-    assert _claim(store, "w1", queues=["elsewhere"]) == []
-    assert _claim(store, "w1", queues=[]) == []
+    assert claim_batch(store, "w1", queues=["elsewhere"]) == []
+    assert claim_batch(store, "w1", queues=[]) == []
     (entry,) = store.claim_deliveries("w1", limit=5, lease_seconds=5.0, wait_seconds=0.0)
     assert entry.delivery.delivery_count == 1
     assert store.claim_deliveries("w2", limit=5, lease_seconds=5.0, wait_seconds=0.0) == []
@@ -367,13 +377,13 @@ def test_bq_09_invalid_requests_raise_typed_errors_and_change_nothing(
             call()
     assert fingerprint(store, "run-1") == snapshot
     # Nothing was leased or claimed by the refused calls.
-    (entry,) = _claim(store, "w")
+    (entry,) = claim_batch(store, "w")
     assert entry.delivery.delivery_count == 1
-    assert _claimed(entry).status is TaskStatus.RUNNING
+    assert claimed_task(entry).status is TaskStatus.RUNNING
     # A completion batch from an invalid worker ID is refused as a whole.
     claimed = fingerprint(store, "run-1")
     with pytest.raises(InvalidStoreValueError):
-        store.complete_and_ack("", [_request(entry, emit("a-1"))])
+        store.complete_and_ack("", [completion_request(entry, emit("a-1"))])
     assert fingerprint(store, "run-1") == claimed
 
 
@@ -382,7 +392,16 @@ def test_bq_10_claim_deliveries_equals_dequeue_then_try_claim_task(
 ) -> None:
     def prepare() -> BatchContractStore:
         store = make_store(clock=FakeClock())
-        new_run(store, [_node("a", 0), _node("b", 3), _node("c", 0), _node("d", 0), _node("e", 1)])
+        new_run(
+            store,
+            [
+                node_with_priority("a", 0),
+                node_with_priority("b", 3),
+                node_with_priority("c", 0),
+                node_with_priority("d", 0),
+                node_with_priority("e", 1),
+            ],
+        )
         # c is RUNNING with its row still deliverable; d lost its worker.
         claim(store, only_task(store, "run-1", 2))
         lost = only_task(store, "run-1", 3)
