@@ -221,10 +221,6 @@ def test_every_runtime_command_has_help_with_an_example(cli: Cli, command: list[
 
 
 def test_runs_lists_runs_and_rerun_reopens_a_completed_run(cli: Cli) -> None:
-    from dagwerk.backends.sqlite import SqliteStore
-
-    if not hasattr(SqliteStore, "list_runs") or not hasattr(SqliteStore, "try_rerun_nodes"):
-        pytest.skip("the SQLite store has no list_runs / try_rerun_nodes yet (store round 2)")
     document = json.loads(cli("run", ETL, "--json").stdout)
     listed = cli.json("runs", "--status", "completed")
     assert [r["run_id"] for r in listed] == [document["run_id"]]

@@ -262,14 +262,7 @@ def test_top_level_names_are_exported_lazily() -> None:
         dagwerk.NoSuchName  # noqa: B018
 
 
-def _needs(engine: Engine, operation: str) -> None:
-    # Store round 2 adds these operations backend by backend.
-    if not hasattr(engine.store, operation):
-        pytest.skip(f"this store has no {operation} yet")
-
-
 def test_list_runs_newest_first_and_by_status(engine: Engine) -> None:
-    _needs(engine, "list_runs")
     first = engine.submit(NODES, input={"titles": ["a"]})
     second = engine.submit(NODES, input={"titles": ["a"]})
     engine.cancel(first)
@@ -279,7 +272,6 @@ def test_list_runs_newest_first_and_by_status(engine: Engine) -> None:
 
 
 def test_list_attempts_counts_a_retry(engine: Engine) -> None:
-    _needs(engine, "list_attempts")
     result = engine.run(NODES, input={"titles": ["boom"]}, timeout=30)
     (failed,) = [t for t in engine.list_tasks(result.run_id) if t.status is TaskStatus.FAILED]
     (attempt,) = engine.list_attempts(failed.task_id)
@@ -287,7 +279,6 @@ def test_list_attempts_counts_a_retry(engine: Engine) -> None:
 
 
 def test_rerun_runs_a_completed_node_again(engine: Engine) -> None:
-    _needs(engine, "try_rerun_nodes")
     calls: list[str] = []
 
     @engine.plugin("upper")
