@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from typing import Protocol, runtime_checkable
 
 from dagwerk._store_extensions import (
+    WORKER_RECORDS_KEPT_SECONDS,
     BackstopStore,
     BatchQueueStore,
     ClaimedDelivery,
@@ -28,12 +29,15 @@ from dagwerk._store_extensions import (
     DagChildStore,
     DagQueueStore,
     DeadLetter,
+    ExpiredLease,
     LeasedDelivery,
     QueueStats,
     StallRecord,
     UnitOfWorkStore,
     WaitRecord,
     WaitRecordStore,
+    WorkerPresenceStore,
+    WorkerRecord,
 )
 from dagwerk._store_types import (
     AttemptRecord,
@@ -55,7 +59,9 @@ from dagwerk._store_types import (
     TaskWaitResult,
     validate_output_batch_routing_size,
     validate_output_batch_size,
+    validate_plugin_names,
     validate_queue_names,
+    validate_run_preference,
     validate_seconds,
     validate_wait_id,
     validate_worker_id,
@@ -78,6 +84,7 @@ from dagwerk.models import (
 from dagwerk.topology import RunTopology
 
 __all__ = [
+    "WORKER_RECORDS_KEPT_SECONDS",
     "AttemptRecord",
     "BackstopStore",
     "BatchQueueStore",
@@ -93,6 +100,7 @@ __all__ = [
     "DagWaitStore",
     "DeadLetter",
     "Delivery",
+    "ExpiredLease",
     "InvalidStoreValueError",
     "LaunchProgress",
     "LeasedDelivery",
@@ -121,9 +129,13 @@ __all__ = [
     "UnitOfWorkStore",
     "WaitRecord",
     "WaitRecordStore",
+    "WorkerPresenceStore",
+    "WorkerRecord",
     "validate_output_batch_routing_size",
     "validate_output_batch_size",
+    "validate_plugin_names",
     "validate_queue_names",
+    "validate_run_preference",
     "validate_seconds",
     "validate_wait_id",
     "validate_worker_id",
