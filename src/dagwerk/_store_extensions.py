@@ -504,6 +504,24 @@ class WorkerPresenceStore(Protocol):
         ...
 
 
+@runtime_checkable
+class QueueForecastStore(Protocol):
+    """When the next delivery becomes due (dagwerk extension): lets a burst
+    worker wait for a retry on its backoff instead of exiting before it."""
+
+    def next_delivery_in(
+        self,
+        *,
+        queues: Sequence[str] | None = None,
+        plugins: Collection[str] | None = None,
+    ) -> float | None:
+        """Seconds until the earliest row not under a live lease, in one of
+        ``queues`` and of one of ``plugins`` (``None``: any), becomes
+        deliverable: ``0.0`` when one is deliverable now, ``None`` when no
+        such row exists. Read-only."""
+        ...
+
+
 # --- dagwerk extension: composite child runs and budgets (issue 7) ------------
 
 

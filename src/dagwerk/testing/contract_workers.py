@@ -17,6 +17,7 @@ from dagwerk.store import (
     WORKER_RECORDS_KEPT_SECONDS,
     BatchQueueStore,
     InvalidStoreValueError,
+    QueueForecastStore,
     WorkerPresenceStore,
 )
 from dagwerk.testing.contract_queue import FakeClock, QueueContractStore
@@ -30,6 +31,7 @@ __all__ = [
     "test_wp_05_worker_records_say_what_is_served_and_who_is_live",
     "test_wp_06_old_worker_records_are_pruned",
     "test_wp_07_expired_leases_are_listed_until_the_row_moves_on",
+    "test_wp_08_next_delivery_in_forecasts_delayed_rows",
 ]
 
 
@@ -166,3 +168,26 @@ def test_wp_07_expired_leases_are_listed_until_the_row_moves_on(
     (again,) = store.dequeue("w2", limit=1, lease_seconds=5.0)
     assert again.delivery_id == second.delivery_id
     assert presence.list_expired_leases() == []
+
+
+def test_wp_08_next_delivery_in_forecasts_delayed_rows(
+    make_store: Callable[..., QueueContractStore], queue_clock: FakeClock
+) -> None:
+    store = make_store(clock=queue_clock)
+    if not isinstance(store, QueueForecastStore):
+        pytest.skip("the store does not implement QueueForecastStore")
+    assert store.next_delivery_in() is None
+    new_run(store, [root("a", plugin="clean"), root("b", plugin="load")])
+    assert store.next_delivery_in() == 0.0
+    assert store.next_delivery_in(plugins=["other"]) is None
+    assert store.next_delivery_in(queues=["cpu"]) is None
+    clean, _ = store.dequeue("w1", limit=2, lease_seconds=30.0)
+    # Rows under a live lease are another worker's: not forecast.
+    assert store.next_delivery_in() is None
+    assert store.nack(clean.delivery_id, "w1", delay=7.0)
+    assert store.next_delivery_in() == pytest.approx(7.0)
+    assert store.next_delivery_in(plugins=["load"]) is None
+    queue_clock.advance(30.0)
+    # The lease of the other row expired: deliverable now.
+    assert store.next_delivery_in(plugins=["load"]) == 0.0
+    assert store.next_delivery_in(plugins=["clean"]) == 0.0

@@ -96,3 +96,22 @@ class WorkersMixin(MemoryStoreBase):
                 )
                 found.append((expires, row.seq, lease))
         return [lease for *_, lease in sorted(found, key=lambda item: (item[0], item[1]))]
+
+    def next_delivery_in(
+        self,
+        *,
+        queues: Sequence[str] | None = None,
+        plugins: Collection[str] | None = None,
+    ) -> float | None:
+        names = validate_queue_names(queues)
+        served = validate_plugin_names(plugins)
+        with self._lock:
+            now = float(self._clock())
+            times = [
+                row.available_at
+                for row in self._queue.values()
+                if (row.lease_owner is None or (row.lease_expires_at or 0.0) <= now)
+                and (names is None or row.queue in names)
+                and (served is None or row.plugin in served)
+            ]
+        return None if not times else max(0.0, min(times) - now)

@@ -818,3 +818,14 @@ SELECT * FROM dagwerk_deliveries
 WHERE lease_owner IS NOT NULL AND lease_expires_at <= :now
   AND (CAST(:run_id AS text) IS NULL OR run_id = CAST(:run_id AS text))
 ORDER BY lease_expires_at, seq;
+
+-- name: queue_next_due
+SELECT min(available_at) AS due FROM dagwerk_deliveries AS d
+WHERE (lease_owner IS NULL OR lease_expires_at <= :now)
+  AND (CAST(:queues AS text) IS NULL
+       OR queue = ANY (ARRAY(SELECT jsonb_array_elements_text(CAST(:queues AS jsonb)))))
+  AND (CAST(:run_id AS text) IS NULL OR run_id = CAST(:run_id AS text))
+  AND (CAST(:plugins AS text) IS NULL OR EXISTS (
+      SELECT 1 FROM dagwerk_launches AS l
+      WHERE l.launch_id = d.launch_id
+        AND l.plugin = ANY (ARRAY(SELECT jsonb_array_elements_text(CAST(:plugins AS jsonb))))));

@@ -16,6 +16,7 @@ from dagwerk.store import (
 )
 
 from ._base import SqlStoreBase
+from ._queue import RowFilter
 
 
 class WorkersMixin(SqlStoreBase):
@@ -80,3 +81,17 @@ class WorkersMixin(SqlStoreBase):
             )
             for row in rows
         ]
+
+    def next_delivery_in(
+        self,
+        *,
+        queues: Sequence[str] | None = None,
+        plugins: Collection[str] | None = None,
+    ) -> float | None:
+        names = validate_queue_names(queues)
+        wanted = RowFilter.of(names, plugins, None)
+        with self._gw.read() as tx:
+            now = self._now()
+            row = tx.one("queue_next_due", {**wanted.params(None), "now": now})
+        due = None if row is None else row["due"]
+        return None if due is None else max(0.0, float(due) - now)

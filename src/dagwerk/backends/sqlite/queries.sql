@@ -656,3 +656,13 @@ SELECT * FROM dagwerk_deliveries
 WHERE lease_owner IS NOT NULL AND lease_expires_at <= :now
   AND (:run_id IS NULL OR run_id = :run_id)
 ORDER BY lease_expires_at, seq;
+
+-- name: queue_next_due
+SELECT min(available_at) AS due FROM dagwerk_deliveries AS d
+WHERE (lease_owner IS NULL OR lease_expires_at <= :now)
+  AND (:queues IS NULL OR queue IN (SELECT value FROM json_each(:queues)))
+  AND (:run_id IS NULL OR run_id = :run_id)
+  AND (:plugins IS NULL OR EXISTS (
+      SELECT 1 FROM dagwerk_launches AS l
+      WHERE l.launch_id = d.launch_id
+        AND l.plugin IN (SELECT value FROM json_each(:plugins))));
