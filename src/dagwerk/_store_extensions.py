@@ -470,9 +470,10 @@ WORKER_RECORDS_KEPT_SECONDS = 86_400.0
 class WorkerPresenceStore(Protocol):
     """Which workers are alive and what they serve (dagwerk extension).
 
-    Every worker records itself when it starts and at a fixed interval; the
-    stall diagnosis and ``/healthz`` read the records to tell "no live worker
-    has plugin X" and "no worker seen for N s". Records are bounded: one row
+    Every worker records itself when it starts and at a fixed interval, and
+    retires its record when it stops; the stall diagnosis and ``/healthz``
+    read the records to tell "no live worker has plugin X" and "no worker
+    seen for N s". Records are bounded: one row
     per worker, pruned :data:`WORKER_RECORDS_KEPT_SECONDS` after its last
     heartbeat. Time comes from the store's clock; each method is one
     transaction.
@@ -490,8 +491,10 @@ class WorkerPresenceStore(Protocol):
         ``ttl_seconds``; prunes records past the retention."""
         ...
 
-    def remove_worker(self, worker_id: str) -> bool:
-        """Drop the worker's record (a clean stop); True iff one was dropped."""
+    def retire_worker(self, worker_id: str) -> bool:
+        """The worker stopped cleanly: its record stops being live now and is
+        kept (with when it was last seen) until pruned. True iff a live
+        record was retired."""
         ...
 
     def list_workers(self) -> list[WorkerRecord]:

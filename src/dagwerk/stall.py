@@ -10,12 +10,12 @@ a node is derived again on every call, so it cannot go stale (GD-01).
 A RUNNING run is *stalled* when nothing can make progress without an
 operator: no task is QUEUED with a delivery, RUNNING, or WAITING within its
 node's ``wait_timeout_seconds``, no node can become ready, and the run is not
-merely waiting to be finalised. When the workers are known, a QUEUED task,
-or a RUNNING one whose lease expired, counts as live only while some live
-worker serves its node's plugin and queue: otherwise the node is held with
-"no live worker has plugin X" and when a worker was last seen. Stalls are
-observability only (GD-04): the caller reports them and never "fixes" them
-here.
+merely waiting to be finalised. Once workers have recorded themselves, a
+QUEUED task, or a RUNNING one whose lease expired, counts as live only while
+some live worker serves its node's plugin and queue: otherwise the node is
+held with "no live worker has plugin X" and when a worker was last seen.
+Stalls are observability only (GD-04): the caller reports them and never
+"fixes" them here.
 """
 
 from __future__ import annotations
@@ -117,8 +117,8 @@ class _Workers:
     def missing(self, node: DagNode) -> str | None:
         """Why no live worker serves the node's tasks; ``None`` when one does
         (or the workers are not known)."""
-        if self.records is None:
-            return None
+        if not self.records:
+            return None  # no worker ever recorded itself: nothing is known
         live = [w for w in self.records if w.live]
         if any(w.serves(node.plugin, node.queue) for w in live):
             return None
@@ -126,11 +126,10 @@ class _Workers:
         if any(node.plugin in w.plugins for w in live):
             where = f" in queue '{node.queue}'"
         if live:
-            seen = f"{len(live)} live worker{'s' if len(live) > 1 else ''} serve other plugins"
-        elif self.records:
-            seen = f"no worker seen for {min(w.seen_seconds_ago for w in self.records):.0f}s"
+            seen = "1 live worker serves" if len(live) == 1 else f"{len(live)} live workers serve"
+            seen += " other plugins or queues"
         else:
-            seen = "no worker has been seen"
+            seen = f"no worker seen for {min(w.seen_seconds_ago for w in self.records):.0f}s"
         return f"no live worker has plugin '{node.plugin}'{where} ({seen})"
 
 
@@ -204,8 +203,8 @@ def diagnose_run(
     ``tasks`` are the run's active tasks; ``delivered`` holds the
     ``(task_id, attempt_id)`` pairs that have a deliverable queue row;
     ``wait_ages`` maps WAITING task IDs to seconds waited so far;
-    ``workers`` are the recorded workers (``None``: not known, every queued
-    task counts as served) and ``expired_leases`` the run's deliveries held
+    ``workers`` are the recorded workers (``None`` or empty: not known, every
+    queued task counts as served) and ``expired_leases`` the run's deliveries held
     on expired leases. Only a RUNNING run can be stalled.
     """
     policy = FailurePolicy(failure_policy)

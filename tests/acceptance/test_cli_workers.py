@@ -2,18 +2,29 @@
 worker leaves tasks it has no plugin for to a worker that has them, two
 ``dagwerk run`` of different pipelines complete side by side, ``--queue``
 narrows what a worker serves, and ``worker --burst`` waits for a retry on
-its backoff."""
+its backoff; a dead worker's expired lease and its absence show in
+``runs --stalled``, ``show --why`` and ``/healthz``."""
 
 from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
+import time
+import urllib.error
+import urllib.request
 from pathlib import Path
 from typing import Any
 
 import pytest
+
+from dagwerk.backends.sqlite import SqliteStore
+from dagwerk.engine import Engine
+from dagwerk.health import HealthServer, HealthState
+from dagwerk.metrics import Metrics
+from dagwerk.pipeline_file import load_pipeline
 
 ROOT = Path(__file__).resolve().parents[2]
 FLAKY = str(ROOT / "examples" / "pipelines" / "flaky.yaml")
@@ -180,3 +191,45 @@ def test_burst_worker_waits_for_a_retry_on_its_backoff(cli: Cli) -> None:
     assert burst.returncode == 0, burst.stderr
     shown = cli.json("show", run_id)
     assert shown["run"]["status"] == "completed", shown
+
+
+def test_a_dead_workers_expired_lease_shows_in_the_diagnosis_and_in_health(cli: Cli) -> None:
+    pipeline = cli.pipeline("lost", count=1)
+    # 100 s ago: the run was submitted, a worker claimed its root task under
+    # a 30 s lease and then died.
+    with Engine(cli.db, clock=lambda: time.time() - 100.0) as before:
+        before.submit(load_pipeline(pipeline), run_id="lost-run")
+        (claimed,) = before.store.claim_deliveries("dead-worker", limit=1, lease_seconds=30.0)
+        assert claimed.task is not None
+        before.store.record_worker(
+            "dead-worker", plugins=["lost_rows", "lost_each"], queues=None, ttl_seconds=30.0
+        )
+    (stalled,) = cli.json("runs", "--stalled")
+    assert stalled["run_id"] == "lost-run" and stalled["held_nodes"] == ["rows", "each"]
+    assert re.search(
+        r"rows: task \S+ is RUNNING on a lease of worker dead-worker that expired 7\ds ago; "
+        r"no live worker has plugin 'lost_rows' \(no worker seen for 1\d\ds\)",
+        stalled["reason"],
+    ), stalled["reason"]
+    why = cli("show", "lost-run", "--why")
+    assert "rows: held - task" in why.stdout and "no worker seen for" in why.stdout
+    store = SqliteStore(cli.db)
+    try:
+        with HealthServer(Metrics(store=store), HealthState(store), port=0) as server:
+            try:
+                urllib.request.urlopen(f"{server.url}/healthz", timeout=10)
+            except urllib.error.HTTPError as exc:
+                status, health = exc.code, json.loads(exc.read())
+    finally:
+        store.close()
+    assert status == 503 and health["status"] == "unhealthy"
+    assert health["workers_live"] == 0 and health["expired_leases"] == 1
+    first, second = health["problems"][-2:]
+    assert first.startswith("1 deliveries held on leases expired over 60s ago")
+    assert "worker dead-worker" in first
+    assert re.fullmatch(
+        r"deliveries are waiting and no worker is live \(no worker seen for 1\d\ds\)", second
+    )
+    # A worker that has the plugins recovers the task and finishes the run.
+    assert cli("worker", "--pipeline", pipeline, "--burst").returncode == 0
+    assert cli.json("show", "lost-run")["run"]["status"] == "completed"

@@ -159,6 +159,8 @@ def diagnose_stored_run(store: Any, run_id: str) -> RunDiagnosis | None:
 
 @dataclass(slots=True)
 class _Pass:
+    live_workers: list[WorkerRecord] | None = None
+    """The live workers, read once per pass (``None``: not known)."""
     repaired: list[tuple[str, str]] = field(default_factory=list)
     finalised: list[tuple[str, RunStatus]] = field(default_factory=list)
     stalls: list[StallReport] = field(default_factory=list)
@@ -283,6 +285,10 @@ class Backstop:
 
     def _pass(self, state: _Pass) -> int:
         store = self.store
+        if implements(store, WorkerPresenceStore):
+            recorded = store.list_workers()
+            # No worker ever recorded itself: nothing is known of them.
+            state.live_workers = [w for w in recorded if w.live] if recorded else None
         runs = store.list_runs(status=RunStatus.RUNNING, limit=BACKSTOP_RUN_LIMIT)
         running = {run.run_id for run in runs}
         if len(runs) >= BACKSTOP_RUN_LIMIT:
@@ -345,22 +351,20 @@ class Backstop:
             return
         self._check_stall(run_id, state)
 
-    def _all_served(self, run_id: str) -> bool:
+    def _all_served(self, run_id: str, live: list[WorkerRecord] | None) -> bool:
         """Whether a live worker serves every node's plugin and queue (or the
         workers are not known): only then does a live node prove progress."""
-        presence = self.store
-        if not implements(presence, WorkerPresenceStore):
+        if live is None:
             return True
         nodes = self.store.get_run_nodes(run_id)
         if nodes is None:
             return True
-        live = [w for w in presence.list_workers() if w.live]
         return all(any(w.serves(n.plugin, n.queue) for w in live) for n in nodes)
 
     def _check_stall(self, run_id: str, state: _Pass) -> None:
         store = self.store
         live = getattr(store, "has_live_node", None)
-        if live is not None and self._all_served(run_id) and live(run_id):
+        if live is not None and self._all_served(run_id, state.live_workers) and live(run_id):
             # A node can progress, so the run is not stalled: known without
             # the diagnosis, which reads every task (a pass over a run of
             # 100,000 tasks held the worker's loop for seconds).

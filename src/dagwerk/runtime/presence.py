@@ -3,7 +3,7 @@
 Every worker over a :class:`~dagwerk.store.WorkerPresenceStore` records its
 plugins and queues when it starts and then every ``interval`` seconds (wall
 time, from a daemon thread, so a batch of long attempts does not silence
-it); each record stays live for three intervals. A clean stop removes the
+it); each record stays live for three intervals. A clean stop retires the
 record; a killed worker's record expires, and the diagnosis then reports
 "no live worker has plugin X" and "no worker seen for N s". A failed write
 is logged and retried at the next beat: presence is observability, never a
@@ -75,13 +75,13 @@ class Presence:
             self.beat()
 
     def stop(self) -> None:
-        """Stop beating and remove the record (the worker stopped cleanly)."""
+        """Stop beating and retire the record (the worker stopped cleanly)."""
         with self._lock:
             self._stop.set()
             thread, self._thread = self._thread, None
         if thread is not None:
             thread.join()
         try:
-            self.store.remove_worker(self.worker_id)
+            self.store.retire_worker(self.worker_id)
         except Exception:
-            _LOG.exception("removing worker %s failed", self.worker_id)
+            _LOG.exception("retiring worker %s failed", self.worker_id)

@@ -4,6 +4,12 @@ One :class:`Worker` serves one store's queue. Its advancement actor is the
 only caller of :meth:`Worker.process_once`, so one batch is in flight at a
 time; inside a batch up to ``concurrency`` attempts run in parallel.
 
+A worker leases only deliveries whose node's plugin it has
+(:meth:`Worker.served_plugins`, a filter of the store's dequeue): another
+plugin's task is never leased, failed or counted against its deliveries,
+and waits for a worker that has it. The worker records itself and what it
+serves (:mod:`dagwerk.runtime.presence`) for the stall diagnosis.
+
 Per delivery (WK-15): read the run (not RUNNING: nothing runs) → claim the
 attempt → register the attempt's abort signal → read the run again (an
 unreadable run crashes the attempt) → resolve inputs → execute with the

@@ -121,8 +121,11 @@ def test_wp_05_worker_records_say_what_is_served_and_who_is_live(
     store.record_worker("w1", plugins=["load"], queues=["cpu"], ttl_seconds=10.0)
     w1, w2 = store.list_workers()
     assert (w1.worker_id, w1.plugins, w1.queues, w1.live) == ("w1", ("load",), ("cpu",), True)
-    assert store.remove_worker("w1") and not store.remove_worker("w1")
-    assert [w.worker_id for w in store.list_workers()] == ["w2"]
+    # A clean stop retires the record: kept, no longer live.
+    assert store.retire_worker("w1") and not store.retire_worker("w1")
+    assert not store.retire_worker("nobody")
+    w1, w2 = store.list_workers()
+    assert (w1.worker_id, w1.live, w2.live) == ("w1", False, True)
 
 
 def test_wp_06_old_worker_records_are_pruned(

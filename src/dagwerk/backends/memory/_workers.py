@@ -4,7 +4,7 @@
 from __future__ import annotations
 
 from collections.abc import Collection, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from dagwerk.store import (
@@ -55,9 +55,14 @@ class WorkersMixin(MemoryStoreBase):
                 tuple(served), None if names is None else tuple(names), now, now + ttl
             )
 
-    def remove_worker(self, worker_id: str) -> bool:
+    def retire_worker(self, worker_id: str) -> bool:
         with self._lock:
-            return self._workers.pop(worker_id, None) is not None
+            now = float(self._clock())
+            found = self._workers.get(worker_id)
+            if found is None or found.expires_at <= now:
+                return False
+            self._workers[worker_id] = replace(found, expires_at=now)
+            return True
 
     def list_workers(self) -> list[WorkerRecord]:
         with self._lock:

@@ -46,9 +46,10 @@ class WorkersMixin(SqlStoreBase):
                 },
             )
 
-    def remove_worker(self, worker_id: str) -> bool:
+    def retire_worker(self, worker_id: str) -> bool:
         with self._gw.write() as tx:
-            return tx.run("worker_delete", {"worker_id": worker_id}) == 1
+            now = self._now()
+            return tx.run("worker_retire", {"worker_id": worker_id, "now": now}) == 1
 
     def list_workers(self) -> list[WorkerRecord]:
         with self._gw.read() as tx:

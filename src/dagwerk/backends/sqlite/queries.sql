@@ -645,8 +645,9 @@ ON CONFLICT (worker_id) DO UPDATE SET
     plugins = excluded.plugins, queues = excluded.queues,
     seen_at = excluded.seen_at, expires_at = excluded.expires_at;
 
--- name: worker_delete
-DELETE FROM dagwerk_workers WHERE worker_id = :worker_id;
+-- name: worker_retire
+UPDATE dagwerk_workers SET expires_at = :now
+WHERE worker_id = :worker_id AND expires_at > :now;
 
 -- name: workers_list
 SELECT * FROM dagwerk_workers ORDER BY seen_at DESC, worker_id;
