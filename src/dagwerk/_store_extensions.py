@@ -12,7 +12,7 @@ does what the seed does.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from typing import Protocol, runtime_checkable
@@ -201,11 +201,17 @@ class DagQueueStore(Protocol):
         lease_seconds: float,
         queues: Sequence[str] | None = None,
         wait_seconds: float = 0.0,
+        plugins: Collection[str] | None = None,
+        prefer_run: str | None = None,
     ) -> list[LeasedDelivery]:
         """Lease up to ``limit`` rows to ``worker_id`` in one transaction.
 
-        Candidates are available now (``available_at`` reached, no live lease)
-        and in one of ``queues`` (any queue when ``None``), taken by priority
+        Candidates are available now (``available_at`` reached, no live lease),
+        in one of ``queues`` (any queue when ``None``) and of a node whose
+        plugin is one of ``plugins`` (any plugin when ``None``): a worker
+        never sees a row it has no plugin for, so such a row keeps its
+        delivery count and waits for a worker that has the plugin. Rows of
+        the run ``prefer_run`` come first; then, as within those, by priority
         (highest first), then availability, then creation order. Each leased
         row's delivery count increments. A candidate that has already been
         leased ``max_deliveries`` times is moved to the dead-letter table with
@@ -326,12 +332,14 @@ class BatchQueueStore(Protocol):
         lease_seconds: float,
         queues: Sequence[str] | None = None,
         wait_seconds: float = 0.0,
+        plugins: Collection[str] | None = None,
+        prefer_run: str | None = None,
     ) -> list[ClaimedDelivery]:
         """:meth:`DagQueueStore.dequeue`, then for every leased row
         ``try_claim_task(task_id, expected_attempt_id=row.attempt_id,
         expected_generation=row.generation)``; the claims commit together
         (with the leases, where the backend can do so without a lock-order
-        hazard). Same arguments, waiting and dead-lettering as ``dequeue``;
+        hazard). Same arguments, filters, waiting and dead-lettering as ``dequeue``;
         one entry per leased row, in lease order."""
         ...
 
@@ -500,6 +508,103 @@ class WaitRecordStore(Protocol):
         """The task's wait ``wait_id``, resolved and invalidated ones included;
         ``None`` for an unknown task or a wait ID the task never waited on.
         Read-only."""
+        ...
+
+
+# --- dagwerk extension: worker presence ----------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class WorkerRecord:
+    """A worker as its latest heartbeat recorded it: the plugins it serves,
+    its queues (``None``: every queue), and, measured by the store's clock
+    when read, how long ago it was seen and whether its record is still live."""
+
+    worker_id: str
+    plugins: tuple[str, ...]
+    queues: tuple[str, ...] | None
+    seen_seconds_ago: float
+    live: bool
+
+    def serves(self, plugin: str, queue: str) -> bool:
+        """Whether this worker dequeues rows of ``plugin`` in ``queue``."""
+        return plugin in self.plugins and (self.queues is None or queue in self.queues)
+
+
+@dataclass(frozen=True, slots=True)
+class ExpiredLease:
+    """A queue row whose lease ran out without an ack: the worker holding it
+    stopped extending it (it died or hung) and no worker has leased it since."""
+
+    delivery_id: str
+    task_id: str
+    attempt_id: str
+    run_id: str
+    node_index: int
+    worker_id: str
+    expired_seconds_ago: float
+
+
+WORKER_RECORDS_KEPT_SECONDS = 86_400.0
+"""How long after its last heartbeat a worker's record is kept (then pruned)."""
+
+
+@runtime_checkable
+class WorkerPresenceStore(Protocol):
+    """Which workers are alive and what they serve (dagwerk extension).
+
+    Every worker records itself when it starts and at a fixed interval, and
+    retires its record when it stops; the stall diagnosis and ``/healthz``
+    read the records to tell "no live worker has plugin X" and "no worker
+    seen for N s". Records are bounded: one row
+    per worker, pruned :data:`WORKER_RECORDS_KEPT_SECONDS` after its last
+    heartbeat. Time comes from the store's clock; each method is one
+    transaction.
+    """
+
+    def record_worker(
+        self,
+        worker_id: str,
+        *,
+        plugins: Collection[str],
+        queues: Sequence[str] | None,
+        ttl_seconds: float,
+    ) -> None:
+        """Insert or replace the worker's record: seen now, live for
+        ``ttl_seconds``; prunes records past the retention."""
+        ...
+
+    def retire_worker(self, worker_id: str) -> bool:
+        """The worker stopped cleanly: its record stops being live now and is
+        kept (with when it was last seen) until pruned. True iff a live
+        record was retired."""
+        ...
+
+    def list_workers(self) -> list[WorkerRecord]:
+        """Every kept record, most recently seen first. Read-only."""
+        ...
+
+    def list_expired_leases(self, run_id: str | None = None) -> list[ExpiredLease]:
+        """Queue rows (of ``run_id``, or of every run) still held under a lease
+        that has expired, longest expired first. Read-only."""
+        ...
+
+
+@runtime_checkable
+class QueueForecastStore(Protocol):
+    """When the next delivery becomes due (dagwerk extension): lets a burst
+    worker wait for a retry on its backoff instead of exiting before it."""
+
+    def next_delivery_in(
+        self,
+        *,
+        queues: Sequence[str] | None = None,
+        plugins: Collection[str] | None = None,
+    ) -> float | None:
+        """Seconds until the earliest row not under a live lease, in one of
+        ``queues`` and of one of ``plugins`` (``None``: any), becomes
+        deliverable: ``0.0`` when one is deliverable now, ``None`` when no
+        such row exists. Read-only."""
         ...
 
 

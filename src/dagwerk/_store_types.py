@@ -7,7 +7,7 @@ keeps the value types apart from the protocols that use them.
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass
 from enum import Enum
 from types import MappingProxyType
@@ -177,6 +177,25 @@ def validate_queue_names(queues: Sequence[str] | None) -> list[str] | None:
             "queues must be a sequence of non-empty strings", field="queues"
         )
     return list(queues)
+
+
+def validate_plugin_names(plugins: Collection[str] | None) -> list[str] | None:
+    """``None`` (every plugin) or a collection of non-empty plugin names,
+    returned sorted without repeats."""
+    if plugins is None:
+        return None
+    if isinstance(plugins, str) or not all(isinstance(p, str) and p for p in plugins):
+        raise InvalidStoreValueError(
+            "plugins must be a collection of non-empty strings", field="plugins"
+        )
+    return sorted(set(plugins))
+
+
+def validate_run_preference(prefer_run: str | None) -> str | None:
+    """``None`` or a non-empty run ID whose rows a dequeue takes first."""
+    if prefer_run is not None and (not isinstance(prefer_run, str) or not prefer_run):
+        raise InvalidStoreValueError("prefer_run must be a non-empty string", field="prefer_run")
+    return prefer_run
 
 
 # --- references and results -------------------------------------------------

@@ -122,6 +122,10 @@ TASK_TERMINAL_STATUSES: Final = frozenset(
 RUN_RETRYABLE_STATUSES: Final = RUN_TERMINAL_STATUSES - {RunStatus.COMPLETED}
 
 # --- JSON value limits (seed values) -------------------------------------
+DEFAULT_BURST_HORIZON: Final = 300.0
+"""Seconds ahead a burst worker waits for a delivery to become due (a retry
+on its backoff) before it exits."""
+
 MAX_OUTPUT_FIELDS_BYTES: Final = 65_536
 MAX_JSON_DEPTH: Final = 16
 MAX_JSON_KEYS: Final = 512

@@ -7,7 +7,12 @@ a health document from a background thread. ``/healthz`` answers 200 with
 - the store does not answer a read (``database_reachable``);
 - the last successful step of the worker loop is older than ``step_stale_after``;
 - the backstop is enabled and its last completed pass is older than
-  ``backstop_stale_after`` (by default three intervals).
+  ``backstop_stale_after`` (by default three intervals);
+- (a store that records workers) a delivery has been held on an expired
+  lease for more than ``lease_stale_after`` seconds: its worker died or hung
+  and no live worker with its plugin took it over;
+- (likewise) deliveries are deliverable and no worker is live: none seen
+  for N s, or none ever.
 
 Binding to anything but the loopback address is an explicit choice of the
 caller (``host=``); metrics can reveal node and plugin names.
@@ -26,6 +31,7 @@ from dagwerk.metrics import CONTENT_TYPE, Metrics
 from dagwerk.runtime.backstop import Backstop, BackstopReport
 from dagwerk.runtime.clock import Clock, SystemClock
 from dagwerk.runtime.observer import WorkerObserver
+from dagwerk.store import QueueForecastStore, WorkerPresenceStore
 
 __all__ = ["DEFAULT_HOST", "HealthServer", "HealthState"]
 
@@ -45,11 +51,17 @@ class HealthState(WorkerObserver):
     clock: Clock = field(default_factory=SystemClock)
     step_stale_after: float = 60.0
     backstop_stale_after: float | None = None
+    lease_stale_after: float = 60.0
     last_step_at: float | None = None
     started_at: float = 0.0
+    presence: WorkerPresenceStore | None = field(default=None, init=False)
+    forecast: QueueForecastStore | None = field(default=None, init=False)
 
     def __post_init__(self) -> None:
         self.started_at = self.clock.time()
+        store = self.store
+        self.presence = store if isinstance(store, WorkerPresenceStore) else None
+        self.forecast = store if isinstance(store, QueueForecastStore) else None
 
     # worker observer hooks
     def step_finished(self) -> None:
@@ -89,15 +101,50 @@ class HealthState(WorkerObserver):
             if age > limit:
                 problems.append(f"no backstop pass for {age:.0f}s")
         document: dict[str, object] = {
-            "status": "ok" if not problems else "unhealthy",
+            "status": "ok",
             "database_reachable": reachable,
             "last_step_at": self.last_step_at,
             "last_step_age_seconds": step_age,
             "backstop_enabled": backstop is not None and backstop.enabled,
             "backstop_age_seconds": backstop_age,
-            "problems": problems,
         }
+        if reachable and self.presence is not None:
+            document.update(self._workers(self.presence, problems))
+        document["status"] = "ok" if not problems else "unhealthy"
+        document["problems"] = problems
         return not problems, document
+
+    def _workers(self, presence: WorkerPresenceStore, problems: list[str]) -> dict[str, object]:
+        """The worker part of the document; appends its problems."""
+        try:
+            workers = presence.list_workers()
+            expired = presence.list_expired_leases()
+            due = None if self.forecast is None else self.forecast.next_delivery_in()
+        except Exception as exc:
+            problems.append(f"reading the workers failed: {type(exc).__name__}: {exc}")
+            return {}
+        live = [w for w in workers if w.live]
+        last_seen = min((w.seen_seconds_ago for w in workers), default=None)
+        stale = [e for e in expired if e.expired_seconds_ago > self.lease_stale_after]
+        if stale:
+            oldest = stale[0]
+            problems.append(
+                f"{len(stale)} deliveries held on leases expired over "
+                f"{self.lease_stale_after:.0f}s ago (oldest: task {oldest.task_id} of worker "
+                f"{oldest.worker_id}, {oldest.expired_seconds_ago:.0f}s)"
+            )
+        if not live and (expired or due == 0.0):
+            seen = (
+                "no worker has been seen"
+                if last_seen is None
+                else (f"no worker seen for {last_seen:.0f}s")
+            )
+            problems.append(f"deliveries are waiting and no worker is live ({seen})")
+        return {
+            "workers_live": len(live),
+            "last_worker_seen_seconds_ago": last_seen,
+            "expired_leases": len(expired),
+        }
 
 
 class _Handler(BaseHTTPRequestHandler):

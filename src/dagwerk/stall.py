@@ -3,14 +3,19 @@
 Everything here is a function of durable facts the caller read from the
 store: the run's nodes and status, its failure policy, the active launches,
 the active tasks, which (task, attempt) pairs have a deliverable queue row,
-and how long each WAITING task has waited. Nothing is stored: the status of
+how long each WAITING task has waited, and (where the store records them)
+the workers seen and the deliveries held on expired leases. Nothing is stored: the status of
 a node is derived again on every call, so it cannot go stale (GD-01).
 
 A RUNNING run is *stalled* when nothing can make progress without an
 operator: no task is QUEUED with a delivery, RUNNING, or WAITING within its
 node's ``wait_timeout_seconds``, no node can become ready, and the run is not
-merely waiting to be finalised. Stalls are observability only (GD-04): the
-caller reports them and never "fixes" them here.
+merely waiting to be finalised. Once workers have recorded themselves, a
+QUEUED task, or a RUNNING one whose lease expired, counts as live only while
+some live worker serves its node's plugin and queue: otherwise the node is
+held with "no live worker has plugin X" and when a worker was last seen.
+Stalls are observability only (GD-04): the caller reports them and never
+"fixes" them here.
 """
 
 from __future__ import annotations
@@ -21,7 +26,7 @@ from enum import StrEnum
 
 from dagwerk.constants import FailurePolicy, NodeDisposition, RunStatus, TaskStatus
 from dagwerk.models import DagNode, NodeLaunch
-from dagwerk.store import TaskRecord
+from dagwerk.store import ExpiredLease, TaskRecord, WorkerRecord
 
 __all__ = [
     "NodeExplanation",
@@ -102,21 +107,64 @@ def _dependencies(nodes: Sequence[DagNode]) -> list[tuple[int, ...]]:
     return found
 
 
+@dataclass(frozen=True, slots=True)
+class _Workers:
+    """What the diagnosis knows of the workers (``records`` ``None``: nothing)."""
+
+    records: Sequence[WorkerRecord] | None
+    expired: Mapping[tuple[str, str], ExpiredLease]
+
+    def missing(self, node: DagNode) -> str | None:
+        """Why no live worker serves the node's tasks; ``None`` when one does
+        (or the workers are not known)."""
+        if not self.records:
+            return None  # no worker ever recorded itself: nothing is known
+        live = [w for w in self.records if w.live]
+        if any(w.serves(node.plugin, node.queue) for w in live):
+            return None
+        where = ""
+        if any(node.plugin in w.plugins for w in live):
+            where = f" in queue '{node.queue}'"
+        if live:
+            seen = "1 live worker serves" if len(live) == 1 else f"{len(live)} live workers serve"
+            seen += " other plugins or queues"
+        else:
+            seen = f"no worker seen for {min(w.seen_seconds_ago for w in self.records):.0f}s"
+        return f"no live worker has plugin '{node.plugin}'{where} ({seen})"
+
+
 def _task_state(
     node: DagNode,
     tasks: Sequence[TaskRecord],
     delivered: Collection[tuple[str, str]],
     waited: Mapping[str, float],
+    workers: _Workers,
 ) -> tuple[NodeState, str]:
     """The state of a launched node from its tasks (first match wins)."""
     failed = [t for t in tasks if t.status in (TaskStatus.FAILED, TaskStatus.CRASHED)]
     if failed:
         first = failed[0]
         return NodeState.FAILED, f"task {first.task_id} {first.status.value}: {first.error or ''}"
-    if any(t.status is TaskStatus.RUNNING for t in tasks):
-        return NodeState.RUNNING, "running"
+    running = [t for t in tasks if t.status is TaskStatus.RUNNING]
+    if running:
+        leases = [workers.expired.get((t.task_id, t.attempt_id)) for t in running]
+        on_expired = [lease for lease in leases if lease is not None]
+        if len(on_expired) < len(running):
+            return NodeState.RUNNING, "running"
+        oldest = max(on_expired, key=lambda lease: lease.expired_seconds_ago)
+        expired = (
+            f"task {oldest.task_id} is RUNNING on a lease of worker {oldest.worker_id} "
+            f"that expired {oldest.expired_seconds_ago:.0f}s ago"
+        )
+        missing = workers.missing(node)
+        if missing is not None:
+            return NodeState.HELD, f"{expired}; {missing}"
+        return NodeState.RUNNING, f"{expired}; a live worker will recover it"
     queued = [t for t in tasks if t.status is TaskStatus.QUEUED]
     if any((t.task_id, t.attempt_id) in delivered for t in queued):
+        missing = workers.missing(node)
+        if missing is not None:
+            return NodeState.HELD, missing
         return NodeState.QUEUED, "queued for a worker"
     if queued:
         lost = queued[0]
@@ -147,15 +195,22 @@ def diagnose_run(
     failure_policy: FailurePolicy | str = FailurePolicy.FAIL_FAST,
     delivered: Collection[tuple[str, str]] = frozenset(),
     wait_ages: Mapping[str, float] | None = None,
+    workers: Sequence[WorkerRecord] | None = None,
+    expired_leases: Sequence[ExpiredLease] = (),
 ) -> RunDiagnosis:
     """Explain every node of a run and decide whether the run is stalled.
 
     ``tasks`` are the run's active tasks; ``delivered`` holds the
     ``(task_id, attempt_id)`` pairs that have a deliverable queue row;
-    ``wait_ages`` maps WAITING task IDs to seconds waited so far. Only a
-    RUNNING run can be stalled.
+    ``wait_ages`` maps WAITING task IDs to seconds waited so far;
+    ``workers`` are the recorded workers (``None`` or empty: not known, every
+    queued task counts as served) and ``expired_leases`` the run's deliveries held
+    on expired leases. Only a RUNNING run can be stalled.
     """
     policy = FailurePolicy(failure_policy)
+    known = _Workers(
+        workers, {(lease.task_id, lease.attempt_id): lease for lease in expired_leases}
+    )
     waited = wait_ages or {}
     deps = _dependencies(nodes)
     by_node: dict[int, list[TaskRecord]] = {}
@@ -174,7 +229,7 @@ def diagnose_run(
         elif launch.disposition is not NodeDisposition.LAUNCHED:
             states[index] = (NodeState.SKIPPED, f"{launch.disposition.value}: no task to run")
         else:
-            states[index] = _task_state(node, by_node.get(index, []), delivered, waited)
+            states[index] = _task_state(node, by_node.get(index, []), delivered, waited, known)
     failed_anywhere = [i for i, (state, _) in sorted(states.items()) if state is NodeState.FAILED]
     # Pass 2: nodes without a launch (and UPSTREAM_FAILED ones), in index order
     # of a topological walk so each dependency is explained first.

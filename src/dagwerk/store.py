@@ -25,6 +25,7 @@ from dataclasses import dataclass
 from typing import Protocol, runtime_checkable
 
 from dagwerk._store_extensions import (
+    WORKER_RECORDS_KEPT_SECONDS,
     BackstopStore,
     BatchQueueStore,
     ClaimedDelivery,
@@ -35,14 +36,18 @@ from dagwerk._store_extensions import (
     DagQueueStore,
     DeadLetter,
     DelayedRetryStore,
+    ExpiredLease,
     LeasedDelivery,
     NodeRerunStore,
+    QueueForecastStore,
     QueueStats,
     StallRecord,
     UnitOfWorkStore,
     WaitRecord,
     WaitRecordStore,
     WaitResponseStore,
+    WorkerPresenceStore,
+    WorkerRecord,
 )
 from dagwerk._store_types import (
     AttemptRecord,
@@ -64,7 +69,9 @@ from dagwerk._store_types import (
     TaskWaitResult,
     validate_output_batch_routing_size,
     validate_output_batch_size,
+    validate_plugin_names,
     validate_queue_names,
+    validate_run_preference,
     validate_seconds,
     validate_wait_id,
     validate_worker_id,
@@ -86,6 +93,7 @@ from dagwerk.models import (
 from dagwerk.topology import RunTopology
 
 __all__ = [
+    "WORKER_RECORDS_KEPT_SECONDS",
     "AttemptRecord",
     "BackstopStore",
     "BatchQueueStore",
@@ -102,6 +110,7 @@ __all__ = [
     "DeadLetter",
     "DelayedRetryStore",
     "Delivery",
+    "ExpiredLease",
     "InvalidStoreValueError",
     "LaunchProgress",
     "LeasedDelivery",
@@ -109,6 +118,7 @@ __all__ = [
     "NodeRerunStore",
     "OutputPublicationError",
     "OutputResolver",
+    "QueueForecastStore",
     "QueueStats",
     "RerunRefusedError",
     "RunActivity",
@@ -132,9 +142,13 @@ __all__ = [
     "WaitRecord",
     "WaitRecordStore",
     "WaitResponseStore",
+    "WorkerPresenceStore",
+    "WorkerRecord",
     "validate_output_batch_routing_size",
     "validate_output_batch_size",
+    "validate_plugin_names",
     "validate_queue_names",
+    "validate_run_preference",
     "validate_seconds",
     "validate_wait_id",
     "validate_worker_id",

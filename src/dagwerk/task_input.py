@@ -50,6 +50,4 @@ def resolve_task_inputs(store: OutputResolver, *, run_id: str, plan: TaskInputPl
                 f"materializer returned output {value.id!r} under key {key!r}"
             )
     edges = {edge.edge: tuple(resolved[oid] for oid in edge.output_ids) for edge in plan.edges}
-    return trusted_model(
-        TaskInputs, {"edges": ReadOnlyDict(edges), "parameters": plan.parameters}
-    )
+    return trusted_model(TaskInputs, {"edges": ReadOnlyDict(edges), "parameters": plan.parameters})

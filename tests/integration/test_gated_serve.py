@@ -173,13 +173,18 @@ def test_gd_serve_exposes_metrics_and_healthz_and_stops_on_sigterm(
     assert status == 200 and content_type.startswith("text/plain")
     assert _gauge(text, "dagwerk_runs", status="running") == 1.0
     assert _gauge(text, "dagwerk_queue_depth", queue="default") == 1.0
-    # The pass at start ran (nothing to repair, nothing stalled: the task is queued).
+    # The pass at start ran (nothing to repair; no worker serves the queued task).
     assert _gauge(text, "dagwerk_backstop_passes_total", outcome="ran") == 1.0
     status, content_type, body = _get(f"{base}/healthz")
-    assert status == 200 and content_type == "application/json"
+    # The server works, but nothing will work the queue: unhealthy, and why.
+    assert status == 503 and content_type == "application/json"
     health = json.loads(body)
-    assert health["status"] == "ok" and health["database_reachable"] is True
-    assert health["backstop_enabled"] is True and health["problems"] == []
+    assert health["status"] == "unhealthy" and health["database_reachable"] is True
+    assert health["problems"] == [
+        "deliveries are waiting and no worker is live (no worker has been seen)"
+    ]
+    assert health["workers_live"] == 0 and health["last_worker_seen_seconds_ago"] is None
+    assert health["backstop_enabled"] is True
     assert health["backstop_age_seconds"] is not None
     assert _get(f"{base}/nope")[0] == 404
     assert served.terminate() == 0

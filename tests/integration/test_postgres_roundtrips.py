@@ -412,6 +412,8 @@ def test_a_statement_sent_with_its_commit_commits_with_it_or_not_at_all(
         params: dict[str, object] = {
             "now": 1e12,
             "queues": None,
+            "plugins": None,
+            "run_id": None,
             "worker_id": "w",
             "expires": 2e12,
             "max_deliveries": 10,

@@ -36,6 +36,7 @@ from dagwerk.errors import GraphValidationError
 from dagwerk.models import RuntimeSource
 from dagwerk.pipeline_file import parse_pipeline
 from dagwerk.retry import RetryRejectedError
+from dagwerk.runtime.errors import UnknownPluginError
 from dagwerk.schema import RunInputError
 from dagwerk.store import InvalidStoreValueError
 
@@ -214,11 +215,30 @@ def test_module_level_plugin_and_import_path_are_found(tmp_path: Path) -> None:
     assert "test_engine_shared" in DEFAULT_REGISTRY
 
 
-def test_an_unknown_plugin_fails_its_task_with_a_hint(tmp_path: Path) -> None:
+def test_an_unknown_plugin_is_refused_before_the_run_is_stored(tmp_path: Path) -> None:
     with Engine("memory://", execution_root=tmp_path) as engine:
-        result = engine.run([DagNode(slug="a", plugin="nobody_registered_this")], timeout=30)
-    assert result.status is RunStatus.FAILED
-    assert result.error is not None and "nobody_registered_this" in result.error
+        with pytest.raises(UnknownPluginError, match=r"nobody_registered_this.*--plugins"):
+            engine.run([DagNode(slug="a", plugin="nobody_registered_this")], timeout=30)
+        assert engine.list_runs() == []
+
+
+def test_a_worker_leaves_a_task_it_has_no_plugin_for_to_a_worker_that_has_it(
+    tmp_path: Path,
+) -> None:
+    # A worker without the plugin never leases the task (nothing is failed,
+    # no delivery is spent); a worker with it runs the task to completion.
+    with Engine(f"sqlite:///{tmp_path / 'd.db'}", execution_root=tmp_path) as engine:
+        run_id = engine.submit([DagNode(slug="a", plugin="only_elsewhere")])
+        lacking = engine.worker(concurrency=1)
+        assert lacking.run_until_idle() == 0
+        (task,) = engine.list_tasks(run_id)
+        assert task.status is TaskStatus.QUEUED
+        other = Engine(f"sqlite:///{tmp_path / 'd.db'}", execution_root=tmp_path)
+        with other:
+            other.plugin("only_elsewhere")(lambda inputs, ctx: {"ok": True})
+            assert other.worker(concurrency=1).run_until_idle() == 1
+        result = engine.result(run_id)
+    assert result.ok and result.outputs["a"][0].fields["ok"] is True
 
 
 def test_urls(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

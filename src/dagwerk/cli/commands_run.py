@@ -23,6 +23,8 @@ from dagwerk.cli.commands_common import (
     open_engine,
     read_run_input,
 )
+from dagwerk.constants import DEFAULT_BURST_HORIZON
+from dagwerk.errors import DagwerkError
 
 if TYPE_CHECKING:
     from dagwerk.engine import Engine, RunProgress, RunResult
@@ -41,6 +43,16 @@ def _plugins_option(fn: click.decorators.FC) -> click.decorators.FC:
         multiple=True,
         metavar="MODULE",
         help="Import this plugin module (dotted name or .py file) first; repeatable.",
+    )(fn)
+
+
+def _queue_option(fn: click.decorators.FC) -> click.decorators.FC:
+    return click.option(
+        "--queue",
+        "queues",
+        multiple=True,
+        metavar="NAME",
+        help="Serve only this queue (a node's 'queue:'); repeatable. Default: every queue.",
     )(fn)
 
 
@@ -115,6 +127,7 @@ class _PlainProgress:
 @click.option("--workers", default=2, show_default=True, type=click.IntRange(1, 256))
 @click.option("--executor", type=_EXECUTORS, default="thread", show_default=True)
 @_plugins_option
+@_queue_option
 @click.option("--timeout", type=click.FloatRange(min=0, min_open=True), help="Give up after S s.")
 @click.option("--run-id", help="Use this run ID (default: a fresh one).")
 @json_option
@@ -127,6 +140,7 @@ def run(
     workers: int,
     executor: str,
     plugin_modules: tuple[str, ...],
+    queues: tuple[str, ...] = (),
     timeout: float | None,
     run_id: str | None,
     as_json: bool,
@@ -137,6 +151,10 @@ def run(
     the outputs of the last nodes. Exits 0 when the run COMPLETED, 1 when it
     FAILED, CRASHED or was CANCELLED, 2 for invalid input. The run is stored
     in --db, so `dagwerk show` and `dagwerk retry` work on it afterwards.
+
+    Its workers take this run's tasks first, then other tasks of the
+    database whose plugin they have (with --queue: of those queues only);
+    another `dagwerk run` on the same database is left its own plugins.
 
     \b
     Examples:
@@ -156,6 +174,7 @@ def run(
                 executor=executor,
                 timeout=timeout,
                 run_id=run_id,
+                queues=list(queues) or None,
             )
         else:
             result = engine.run(
@@ -166,6 +185,7 @@ def run(
                 timeout=timeout,
                 run_id=run_id,
                 on_progress=_PlainProgress(err=as_json),
+                queues=list(queues) or None,
             )
         if as_json:
             echo_json(result.to_json())
@@ -183,6 +203,7 @@ def _run_with_live_display(
     executor: str,
     timeout: float | None,
     run_id: str | None,
+    queues: list[str] | None,
 ) -> RunResult:
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn
 
@@ -206,6 +227,7 @@ def _run_with_live_display(
             timeout=timeout,
             run_id=run_id,
             on_progress=update,
+            queues=queues,
         )
 
 
@@ -258,7 +280,20 @@ def submit(
     metavar="FILE",
     help="Import the plugin modules this pipeline file lists; repeatable.",
 )
-@click.option("--burst", is_flag=True, help="Exit once no work is deliverable.")
+@_queue_option
+@click.option(
+    "--burst",
+    is_flag=True,
+    help="Exit once no work is deliverable now or within --burst-horizon.",
+)
+@click.option(
+    "--burst-horizon",
+    type=click.FloatRange(min=0),
+    default=DEFAULT_BURST_HORIZON,
+    show_default=True,
+    metavar="S",
+    help="With --burst: wait for deliveries due within S s (retries on backoff).",
+)
 @click.option(
     "--metrics-port",
     type=click.IntRange(0, 65535),
@@ -280,6 +315,8 @@ def worker(
     plugin_modules: tuple[str, ...],
     pipelines: tuple[str, ...],
     burst: bool,
+    queues: tuple[str, ...] = (),
+    burst_horizon: float = DEFAULT_BURST_HORIZON,
     metrics_port: int | None = None,
     backstop_interval: float = 30.0,
 ) -> None:
@@ -288,7 +325,11 @@ def worker(
     Start as many as you like, in as many processes or machines as share the
     database. SIGINT (Ctrl-C) or SIGTERM stops admission, aborts attempts in
     flight and gives their deliveries back for another worker; a second
-    signal is not needed. With --burst it exits when nothing is deliverable.
+    signal is not needed. A worker leases only tasks whose plugin it has
+    (--plugins, --pipeline) in its queues (--queue; default every queue),
+    and leaves the others to workers that have them. With --burst it exits
+    when nothing it serves is deliverable now or due within --burst-horizon
+    seconds (a retry waiting on its backoff is waited for).
 
     \b
     Examples:
@@ -299,19 +340,27 @@ def worker(
     from dagwerk.pipeline_file import load_pipeline
     from dagwerk.runtime.heap import freeze_startup_heap
 
+    loaded: list[Pipeline] = []
     with open_engine(db) as engine:
         for pipeline_file in pipelines:
             pipeline = load_pipeline(pipeline_file)
             engine.load_plugins(pipeline.plugins, base_dir=Path(pipeline.source).parent)
+            loaded.append(pipeline)
         engine.load_plugins(plugin_modules)
         # Plugins named by import path resolve against the current directory,
         # as they would for `python -m`.
         if "" not in sys.path and str(Path.cwd()) not in sys.path:
             sys.path.append(str(Path.cwd()))
+        for pipeline in loaded:
+            try:
+                engine.require_plugins(pipeline)
+            except DagwerkError as exc:
+                raise InvalidInputError(f"{pipeline.source}: {exc}") from exc
         serving = engine.worker(
             concurrency=concurrency,
             executor=executor,
             backstop_interval=backstop_interval or None,
+            queues=list(queues) or None,
         )
         health_server = None
         if metrics_port is not None:
@@ -328,7 +377,7 @@ def worker(
         # passes then take microseconds, not ~15 ms inside a transaction.
         freeze_startup_heap()
         if burst:
-            handled = serving.run_until_idle()
+            handled = serving.run_burst(burst_horizon)
             click.echo(f"worker {serving.worker_id}: handled {handled} deliveries", err=True)
             return
         stop = threading.Event()

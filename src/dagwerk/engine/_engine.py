@@ -210,6 +210,14 @@ class Engine:
         :func:`~dagwerk.engine.import_plugin_modules`."""
         import_plugin_modules(modules, base_dir=base_dir)
 
+    def require_plugins(self, nodes: Sequence[DagNode] | Pipeline) -> None:
+        """Resolve every node's plugin, importing those named by import path,
+        so this engine's workers serve them. A worker leases only tasks whose
+        plugin it has; raises :class:`~dagwerk.runtime.errors.UnknownPluginError`
+        (or ``PluginImportError``) naming the first plugin it cannot resolve."""
+        for node in nodes.nodes if isinstance(nodes, Pipeline) else nodes:
+            self.plugins.get(node.plugin)
+
     # --- runs --------------------------------------------------------------------
 
     def submit(
@@ -314,21 +322,31 @@ class Engine:
         executor: str = "thread",
         on_progress: ProgressCallback | None = None,
         budgets: Budget | None = None,
+        queues: Sequence[str] | None = None,
     ) -> RunResult:
         """Submit the run and work it in this process until it is terminal.
 
-        A worker with ``workers`` slots serves the whole queue while the run
-        lasts and stops afterwards (other runs' tasks it picked up are
-        released for other workers). A pipeline's ``plugins`` modules are
-        imported first. Raises :class:`RunWaitTimeoutError` after ``timeout``
+        A worker with ``workers`` slots serves the queue while the run lasts
+        and stops afterwards: it leases this run's tasks first, then any other
+        task of ``queues`` (``None``: every queue) whose plugin it has (other
+        runs' tasks it picked up are released for other workers). A
+        pipeline's ``plugins`` modules are imported first, and every node's
+        plugin must resolve (:meth:`require_plugins`) before anything is
+        stored. Raises :class:`RunWaitTimeoutError` after ``timeout``
         seconds, leaving the run as it is.
         """
         if isinstance(nodes, Pipeline):
             self.load_plugins(nodes.plugins, base_dir=Path(nodes.source).parent)
+        self.require_plugins(nodes)
         run_id = self.submit(
             nodes, input, run_id=run_id, failure_policy=failure_policy, budgets=budgets
         )
-        worker = self.worker(concurrency=workers, executor=executor)
+        worker = self.worker(
+            concurrency=workers,
+            executor=executor,
+            prefer_run=run_id,
+            queues=None if queues is None else list(queues),
+        )
         worker.start()
         try:
             return self.wait(run_id, timeout, on_progress=on_progress)

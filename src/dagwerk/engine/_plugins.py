@@ -119,6 +119,11 @@ class EngineRegistry(PluginRegistry):
     def __contains__(self, name: object) -> bool:
         return super().__contains__(name) or name in DEFAULT_REGISTRY
 
+    def names(self) -> frozenset[str]:
+        """This registry's names, the default registry's, and every import
+        path resolved so far."""
+        return super().names() | DEFAULT_REGISTRY.names()
+
 
 def _add_to_path(directory: Path) -> None:
     entry = str(directory.resolve())

@@ -35,11 +35,13 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from dagwerk._protocols import implements
 from dagwerk.constants import RunStatus
 from dagwerk.errors import DagwerkError
 from dagwerk.orchestrator import OrchestratorCallbacks, reconcile_run
 from dagwerk.runtime.clock import Clock, SystemClock
 from dagwerk.stall import RunDiagnosis, diagnose_run
+from dagwerk.store import ExpiredLease, WorkerPresenceStore, WorkerRecord
 
 __all__ = [
     "BACKSTOP_LEASE",
@@ -134,6 +136,11 @@ def diagnose_stored_run(store: Any, run_id: str) -> RunDiagnosis | None:
     ages: Mapping[str, float] = {}
     if record.status is RunStatus.RUNNING and hasattr(store, "wait_ages"):
         ages = store.wait_ages(run_id)
+    workers: list[WorkerRecord] | None = None
+    expired: list[ExpiredLease] = []
+    if record.status is RunStatus.RUNNING and implements(store, WorkerPresenceStore):
+        workers = store.list_workers()
+        expired = store.list_expired_leases(run_id)
     launches = store.list_node_launches(run_id)
     tasks = store.list_tasks(run_id)
     return diagnose_run(
@@ -145,11 +152,15 @@ def diagnose_stored_run(store: Any, run_id: str) -> RunDiagnosis | None:
         failure_policy=record.failure_policy,
         delivered=delivered,
         wait_ages=ages,
+        workers=workers,
+        expired_leases=expired,
     )
 
 
 @dataclass(slots=True)
 class _Pass:
+    live_workers: list[WorkerRecord] | None = None
+    """The live workers, read once per pass (``None``: not known)."""
     repaired: list[tuple[str, str]] = field(default_factory=list)
     finalised: list[tuple[str, RunStatus]] = field(default_factory=list)
     stalls: list[StallReport] = field(default_factory=list)
@@ -274,6 +285,10 @@ class Backstop:
 
     def _pass(self, state: _Pass) -> int:
         store = self.store
+        if implements(store, WorkerPresenceStore):
+            recorded = store.list_workers()
+            # No worker ever recorded itself: nothing is known of them.
+            state.live_workers = [w for w in recorded if w.live] if recorded else None
         runs = store.list_runs(status=RunStatus.RUNNING, limit=BACKSTOP_RUN_LIMIT)
         running = {run.run_id for run in runs}
         if len(runs) >= BACKSTOP_RUN_LIMIT:
@@ -336,10 +351,20 @@ class Backstop:
             return
         self._check_stall(run_id, state)
 
+    def _all_served(self, run_id: str, live: list[WorkerRecord] | None) -> bool:
+        """Whether a live worker serves every node's plugin and queue (or the
+        workers are not known): only then does a live node prove progress."""
+        if live is None:
+            return True
+        nodes = self.store.get_run_nodes(run_id)
+        if nodes is None:
+            return True
+        return all(any(w.serves(n.plugin, n.queue) for w in live) for n in nodes)
+
     def _check_stall(self, run_id: str, state: _Pass) -> None:
         store = self.store
         live = getattr(store, "has_live_node", None)
-        if live is not None and live(run_id):
+        if live is not None and self._all_served(run_id, state.live_workers) and live(run_id):
             # A node can progress, so the run is not stalled: known without
             # the diagnosis, which reads every task (a pass over a run of
             # 100,000 tasks held the worker's loop for seconds).

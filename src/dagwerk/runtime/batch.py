@@ -79,6 +79,8 @@ def _claim(worker: Worker, store: BatchQueueStore, wait_seconds: float) -> list[
         lease_seconds=worker.lease_bound(None),
         queues=worker.queues,
         wait_seconds=wait_seconds,
+        plugins=worker.served_plugins(),
+        prefer_run=worker.prefer_run,
     )
 
 
@@ -303,6 +305,7 @@ def _complete_all(
                     limit=worker.concurrency,
                     lease_seconds=worker.lease_bound(None),
                     queues=worker.queues,
+                    plugins=worker.served_plugins(),
                 )
             )
 

@@ -103,6 +103,11 @@ class PluginRegistry:
     def __contains__(self, name: object) -> bool:
         return name in self._specs
 
+    def names(self) -> frozenset[str]:
+        """Every name this registry resolves without importing anything: the
+        plugins a worker over it serves."""
+        return frozenset(self._specs)
+
     def __iter__(self) -> Iterator[str]:
         return iter(self._specs)
 

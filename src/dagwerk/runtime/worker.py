@@ -4,6 +4,12 @@ One :class:`Worker` serves one store's queue. Its advancement actor is the
 only caller of :meth:`Worker.process_once`, so one batch is in flight at a
 time; inside a batch up to ``concurrency`` attempts run in parallel.
 
+A worker leases only deliveries whose node's plugin it has
+(:meth:`Worker.served_plugins`, a filter of the store's dequeue): another
+plugin's task is never leased, failed or counted against its deliveries,
+and waits for a worker that has it. The worker records itself and what it
+serves (:mod:`dagwerk.runtime.presence`) for the stall diagnosis.
+
 Per delivery (WK-15): read the run (not RUNNING: nothing runs) → claim the
 attempt → register the attempt's abort signal → read the run again (an
 unreadable run crashes the attempt) → resolve inputs → execute with the
@@ -39,7 +45,7 @@ from typing import Any
 
 from dagwerk._fifo import FifoCache
 from dagwerk.budgets import BudgetExhaustedError
-from dagwerk.constants import RunStatus, TaskStatus
+from dagwerk.constants import DEFAULT_BURST_HORIZON, RunStatus, TaskStatus
 from dagwerk.errors import DagwerkError
 from dagwerk.execution import claim_task, recover_task
 from dagwerk.lineage import DEFAULT_MAX_CHILD_DEPTH, RunLink
@@ -76,6 +82,7 @@ from dagwerk.runtime.executors import (
 from dagwerk.runtime.monitor import AttemptMonitor
 from dagwerk.runtime.observer import WorkerObserver, notify
 from dagwerk.runtime.plugins import PluginFn, PluginRegistry, PluginSpec
+from dagwerk.runtime.presence import Presence
 from dagwerk.runtime.retry_policy import RetryPolicy
 from dagwerk.runtime.sweep import StaleSweeper, SweepReport
 from dagwerk.store import (
@@ -87,13 +94,16 @@ from dagwerk.store import (
     DagQueueStore,
     DelayedRetryStore,
     LeasedDelivery,
+    QueueForecastStore,
     TaskRecord,
     WaitResponseStore,
+    WorkerPresenceStore,
 )
 from dagwerk.task_input import resolve_task_inputs
 from dagwerk.waiting import wait_task
 
 __all__ = [
+    "DEFAULT_BURST_HORIZON",
     "DeliveryReport",
     "SecretResolver",
     "SweepReport",
@@ -162,6 +172,7 @@ class Worker:
         byte_limits: ByteLimits | None = None,
         cost_estimates: Mapping[str, CostEstimate] | None = None,
         batched: bool = True,
+        prefer_run: str | None = None,
     ) -> None:
         if type(concurrency) is not int or concurrency < 1:
             raise DagwerkError("concurrency must be an int >= 1", field="concurrency")
@@ -212,6 +223,17 @@ class Worker:
         # How long an idle background step waits in dequeue for new work.
         self.idle_wait = poll_interval if idle_wait is None else idle_wait
         self.queues = queues
+        # Rows of this run are leased first (``Engine.run``'s own run); a
+        # preference, not a filter.
+        self.prefer_run = prefer_run
+        self.forecast: QueueForecastStore | None = (
+            store if isinstance(store, QueueForecastStore) else None
+        )
+        self.presence: Presence | None = (
+            Presence(store, self.worker_id, plugins=self.served_plugins, queues=queues)
+            if isinstance(store, WorkerPresenceStore)
+            else None
+        )
         self.sweeper = StaleSweeper(self)
         # Child runs and budgets (issue 7): the depth limit every run's
         # persisted lineage is checked against, and the byte limits, copied
@@ -265,6 +287,8 @@ class Worker:
         """Serve the queue in the background; idempotent; after stop it raises."""
         if self._stopped:
             raise WorkerStoppedError("the worker was stopped")
+        if self.presence is not None:
+            self.presence.start()
         self.actor.start()
 
     def stop(self, timeout: float | None = None) -> None:
@@ -279,6 +303,8 @@ class Worker:
         self.monitor.stop()
         self.inline.stop()
         self._pool.shutdown(wait=True)
+        if self.presence is not None:
+            self.presence.stop()
 
     def _take_claimed_ahead(self) -> list[ClaimedDelivery]:
         taken, self._claimed_ahead = self._claimed_ahead, []
@@ -301,9 +327,17 @@ class Worker:
         """Block until the run is terminal (see :meth:`AdvancementActor.wait_for_run`)."""
         return self.actor.wait_for_run(run_id, timeout)
 
+    def served_plugins(self) -> frozenset[str]:
+        """The plugins this worker leases rows of: every name its registry
+        resolves (import paths once resolved). A row of any other plugin is
+        left in the queue for a worker that has it."""
+        return self.plugins.names()
+
     def run_until_idle(self, max_batches: int = 100_000) -> int:
         """Process batches in this thread until a dequeue finds nothing (and the
         idle sweep requeued nothing); the count handled."""
+        if self.presence is not None:
+            self.presence.beat()
         total = 0
         for _ in range(max_batches):
             handled = self.process_once()
@@ -311,6 +345,34 @@ class Worker:
                 break
             total += handled
         return total
+
+    def run_burst(self, horizon: float = DEFAULT_BURST_HORIZON) -> int:
+        """Process batches in this thread until nothing this worker serves is
+        deliverable now or becomes deliverable within ``horizon`` seconds (a
+        retry on its backoff, a released delivery; rows under another
+        worker's live lease are not waited for); the count handled. Without a
+        :class:`~dagwerk.store.QueueForecastStore` it stops when idle, as
+        :meth:`run_until_idle` does. The worker is recorded as live meanwhile."""
+        if self.presence is not None:
+            self.presence.start()
+        try:
+            total = 0
+            while not self._stopped:
+                total += self.run_until_idle()
+                due = self._next_due()
+                if due is None or due > horizon:
+                    break
+                # The dequeue waits (up to a little past the row's time) for it.
+                total += self.process_once(wait_seconds=due + self.poll_interval)
+            return total
+        finally:
+            if self.presence is not None:
+                self.presence.stop()
+
+    def _next_due(self) -> float | None:
+        if self.forecast is None:
+            return None
+        return self.forecast.next_delivery_in(queues=self.queues, plugins=self.served_plugins())
 
     def _step(self) -> bool:
         if self.backstop is not None:
@@ -347,6 +409,8 @@ class Worker:
             lease_seconds=self.lease_seconds,
             queues=self.queues,
             wait_seconds=wait_seconds,
+            plugins=self.served_plugins(),
+            prefer_run=self.prefer_run,
         )
         self._settle_dead_lettered()
         if not batch:

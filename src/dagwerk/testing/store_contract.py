@@ -43,3 +43,4 @@ from dagwerk.testing.contract_round2 import *  # noqa: F403
 from dagwerk.testing.contract_snapshots import *  # noqa: F403
 from dagwerk.testing.contract_states import *  # noqa: F403
 from dagwerk.testing.contract_waiting import *  # noqa: F403
+from dagwerk.testing.contract_workers import *  # noqa: F403

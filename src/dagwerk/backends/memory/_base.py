@@ -172,6 +172,8 @@ class MemoryStoreBase:
             queue=node.queue if node.queue != "default" else self.default_queue,
             priority=node.priority if node.priority else self.default_priority,
             available_at=float(self._clock()) if available_at is None else available_at,
+            run_id=run.run_id,
+            plugin=node.plugin,
             delivery_count=delivery_count,
         )
         self._work.notify_all()

@@ -4,7 +4,7 @@ is one transaction, so composing the single operations is the whole job."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 
 from dagwerk.errors import DagwerkError
 from dagwerk.store import ClaimedDelivery, CompletionOutcome, CompletionRequest, validate_worker_id
@@ -22,6 +22,8 @@ class BatchMixin(TasksMixin, QueueMixin):
         lease_seconds: float,
         queues: Sequence[str] | None = None,
         wait_seconds: float = 0.0,
+        plugins: Collection[str] | None = None,
+        prefer_run: str | None = None,
     ) -> list[ClaimedDelivery]:
         leased = self.dequeue(
             worker_id,
@@ -29,6 +31,8 @@ class BatchMixin(TasksMixin, QueueMixin):
             lease_seconds=lease_seconds,
             queues=queues,
             wait_seconds=wait_seconds,
+            plugins=plugins,
+            prefer_run=prefer_run,
         )
         claimed: list[ClaimedDelivery] = []
         with self._lock:

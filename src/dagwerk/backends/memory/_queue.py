@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import time
 import uuid
-from collections.abc import Sequence
-from dataclasses import replace
+from collections.abc import Collection, Sequence
+from dataclasses import dataclass, replace
 
 from dagwerk.constants import RunStatus, TaskStatus
 from dagwerk.store import (
@@ -16,7 +16,9 @@ from dagwerk.store import (
     LeasedDelivery,
     TaskAttemptRef,
     TaskFailureResult,
+    validate_plugin_names,
     validate_queue_names,
+    validate_run_preference,
     validate_seconds,
     validate_worker_id,
 )
@@ -28,6 +30,21 @@ MAX_DELIVERIES_REASON = "max_deliveries"
 _REINJECTABLE = (TaskStatus.QUEUED, TaskStatus.RUNNING, TaskStatus.CRASHED)
 
 
+@dataclass(frozen=True, slots=True)
+class _RowFilter:
+    """Which rows a dequeue may lease (``None``: any queue, any plugin) and
+    whose run's rows it takes first."""
+
+    queues: frozenset[str] | None
+    plugins: frozenset[str] | None
+    prefer_run: str | None
+
+    def admits(self, row: QueueRow) -> bool:
+        return (self.queues is None or row.queue in self.queues) and (
+            self.plugins is None or row.plugin in self.plugins
+        )
+
+
 class QueueMixin(MemoryStoreBase):
     def dequeue(
         self,
@@ -37,6 +54,8 @@ class QueueMixin(MemoryStoreBase):
         lease_seconds: float,
         queues: Sequence[str] | None = None,
         wait_seconds: float = 0.0,
+        plugins: Collection[str] | None = None,
+        prefer_run: str | None = None,
     ) -> list[LeasedDelivery]:
         validate_worker_id(worker_id)
         if type(limit) is not int or limit < 1:
@@ -44,10 +63,16 @@ class QueueMixin(MemoryStoreBase):
         lease = validate_seconds(lease_seconds, "lease_seconds", positive=True)
         names = validate_queue_names(queues)
         patience = validate_seconds(wait_seconds, "wait_seconds", positive=False)
+        served = validate_plugin_names(plugins)
+        wanted = _RowFilter(
+            None if names is None else frozenset(names),
+            None if served is None else frozenset(served),
+            validate_run_preference(prefer_run),
+        )
         deadline = time.monotonic() + patience
         with self._lock:
             while True:
-                leased = self._lease(worker_id, limit, lease, names)
+                leased = self._lease(worker_id, limit, lease, wanted)
                 remaining = deadline - time.monotonic()
                 if leased or remaining <= 0:
                     return leased
@@ -61,16 +86,17 @@ class QueueMixin(MemoryStoreBase):
             return taken
 
     def _lease(
-        self, worker_id: str, limit: int, lease: float, names: list[str] | None
+        self, worker_id: str, limit: int, lease: float, wanted: _RowFilter
     ) -> list[LeasedDelivery]:
         now = float(self._clock())
+        prefer = wanted.prefer_run
         candidates = sorted(
             (
-                (row.priority, row.available_at, row.seq, delivery_id)
+                (row.run_id != prefer, row.priority, row.available_at, row.seq, delivery_id)
                 for delivery_id, row in self._queue.items()
-                if row.available_at <= now and (names is None or row.queue in names)
+                if row.available_at <= now and wanted.admits(row)
             ),
-            key=lambda item: (-item[0], item[1], item[2]),
+            key=lambda item: (item[0], -item[1], item[2], item[3]),
         )
         leased: list[LeasedDelivery] = []
         for *_, delivery_id in candidates:

@@ -158,6 +158,8 @@ class QueueRow:
     queue: str
     priority: int
     available_at: float
+    run_id: str = ""
+    plugin: str = ""
     lease_owner: str | None = None
     lease_expires_at: float | None = None
     delivery_count: int = 0

@@ -15,6 +15,7 @@ from ._launches import LaunchesMixin
 from ._queue import QueueMixin
 from ._runs import RunsMixin
 from ._tasks import TasksMixin
+from ._workers import WorkersMixin
 
 
 class MemoryStore(
@@ -25,6 +26,7 @@ class MemoryStore(
     TasksMixin,
     QueueMixin,
     GatedMixin,
+    WorkersMixin,
     FrontierMixin,
 ):
     """Implements ``DagStore``, ``DagWaitStore``, ``DagRetryStore``,

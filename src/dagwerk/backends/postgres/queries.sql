@@ -522,13 +522,20 @@ SELECT * FROM dagwerk_deliveries
 WHERE (CAST(:run_id AS text) IS NULL OR run_id = :run_id) ORDER BY seq;
 
 -- name: queue_candidates
-SELECT * FROM dagwerk_deliveries
+-- :plugins (a JSON list, or NULL: any) filters by the node's plugin, which
+-- the row's launch names; :run_id (or NULL: any) by run.
+SELECT * FROM dagwerk_deliveries AS d
 WHERE available_at <= :now
   AND (CAST(:queues AS text) IS NULL
        OR queue = ANY (ARRAY(SELECT jsonb_array_elements_text(CAST(:queues AS jsonb)))))
+  AND (CAST(:run_id AS text) IS NULL OR run_id = CAST(:run_id AS text))
+  AND (CAST(:plugins AS text) IS NULL OR EXISTS (
+      SELECT 1 FROM dagwerk_launches AS l
+      WHERE l.launch_id = d.launch_id
+        AND l.plugin = ANY (ARRAY(SELECT jsonb_array_elements_text(CAST(:plugins AS jsonb))))))
 ORDER BY priority DESC, available_at, seq
 LIMIT :limit
-FOR UPDATE SKIP LOCKED;
+FOR UPDATE OF d SKIP LOCKED;
 
 -- name: queue_lease_next
 -- postgres only: SQLite (one writer) leases in the loop of sql/_queue.py.
@@ -538,13 +545,18 @@ FOR UPDATE SKIP LOCKED;
 -- Every picked row comes back as it was before the lease, with "leased", in
 -- the queue's order (a row that used up its deliveries is buried after).
 WITH picked AS (
-    SELECT * FROM dagwerk_deliveries
+    SELECT * FROM dagwerk_deliveries AS c
     WHERE available_at <= :now
       AND (CAST(:queues AS text) IS NULL
            OR queue = ANY (ARRAY(SELECT jsonb_array_elements_text(CAST(:queues AS jsonb)))))
+      AND (CAST(:run_id AS text) IS NULL OR run_id = CAST(:run_id AS text))
+      AND (CAST(:plugins AS text) IS NULL OR EXISTS (
+          SELECT 1 FROM dagwerk_launches AS l
+          WHERE l.launch_id = c.launch_id
+            AND l.plugin = ANY (ARRAY(SELECT jsonb_array_elements_text(CAST(:plugins AS jsonb))))))
     ORDER BY priority DESC, available_at, seq
     LIMIT :limit
-    FOR UPDATE SKIP LOCKED
+    FOR UPDATE OF c SKIP LOCKED
 ), leased AS (
     UPDATE dagwerk_deliveries AS d
     SET lease_owner = :worker_id, lease_expires_at = :expires, available_at = :expires,
@@ -784,3 +796,37 @@ SELECT b.*, a.position,
            AND t.invalidated = 0) AS reserved_units
 FROM dagwerk_run_accounts a JOIN dagwerk_budgets b ON b.account_id = a.account_id
 WHERE a.run_id = :run_id ORDER BY a.position;
+
+-- name: workers_prune
+DELETE FROM dagwerk_workers WHERE expires_at < :horizon;
+
+-- name: worker_upsert
+INSERT INTO dagwerk_workers (worker_id, plugins, queues, seen_at, expires_at)
+VALUES (:worker_id, :plugins, :queues, :now, :expires)
+ON CONFLICT (worker_id) DO UPDATE SET
+    plugins = excluded.plugins, queues = excluded.queues,
+    seen_at = excluded.seen_at, expires_at = excluded.expires_at;
+
+-- name: worker_retire
+UPDATE dagwerk_workers SET expires_at = :now
+WHERE worker_id = :worker_id AND expires_at > :now;
+
+-- name: workers_list
+SELECT * FROM dagwerk_workers ORDER BY seen_at DESC, worker_id;
+
+-- name: leases_expired
+SELECT * FROM dagwerk_deliveries
+WHERE lease_owner IS NOT NULL AND lease_expires_at <= :now
+  AND (CAST(:run_id AS text) IS NULL OR run_id = CAST(:run_id AS text))
+ORDER BY lease_expires_at, seq;
+
+-- name: queue_next_due
+SELECT min(available_at) AS due FROM dagwerk_deliveries AS d
+WHERE (lease_owner IS NULL OR lease_expires_at <= :now)
+  AND (CAST(:queues AS text) IS NULL
+       OR queue = ANY (ARRAY(SELECT jsonb_array_elements_text(CAST(:queues AS jsonb)))))
+  AND (CAST(:run_id AS text) IS NULL OR run_id = CAST(:run_id AS text))
+  AND (CAST(:plugins AS text) IS NULL OR EXISTS (
+      SELECT 1 FROM dagwerk_launches AS l
+      WHERE l.launch_id = d.launch_id
+        AND l.plugin = ANY (ARRAY(SELECT jsonb_array_elements_text(CAST(:plugins AS jsonb))))));

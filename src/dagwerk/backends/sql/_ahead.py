@@ -21,9 +21,8 @@ beside the launch's, or the unit wrote since the last launch that claimed.
 
 from __future__ import annotations
 
-import json
 import threading
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from dataclasses import dataclass, field
 from typing import cast
 
@@ -31,7 +30,7 @@ from dagwerk.constants import TaskStatus
 from dagwerk.store import LeasedDelivery
 
 from ._base import SqlStoreBase, queued_task_row
-from ._queue import validate_claim
+from ._queue import RowFilter, validate_claim
 from .gateway import Tx
 
 __all__ = ["ClaimAheadMixin", "ClaimIntent", "Preclaimed"]
@@ -45,7 +44,8 @@ class ClaimIntent:
     worker_id: str
     lease_seconds: float
     queues: frozenset[str] | None
-    queue_filter: str | None
+    plugins: frozenset[str] | None
+    wanted: RowFilter
     room: int
     """Tasks the claim may still take."""
     serial: object
@@ -69,11 +69,12 @@ class ClaimAheadMixin(SqlStoreBase):
         limit: int,
         lease_seconds: float,
         queues: Sequence[str] | None = None,
+        plugins: Collection[str] | None = None,
     ) -> bool:
         """Inside the calling thread's unit of work, on a store with one
         writer (SQLite): the unit will end with ``claim_deliveries`` with
-        these arguments, so its launches may claim their tasks for it. True
-        when noted; False elsewhere (nothing changes)."""
+        these arguments (and no run preference), so its launches may claim
+        their tasks for it. True when noted; False elsewhere (nothing changes)."""
         serial_of = getattr(self._gw, "unit_serial", None)
         serial = None if serial_of is None else serial_of()
         if serial is None or not getattr(self._gw, "serialises_writers", False):
@@ -81,11 +82,13 @@ class ClaimAheadMixin(SqlStoreBase):
         lease, names, _ = validate_claim(worker_id, limit, lease_seconds, queues, 0.0)
         if names == []:
             return False
+        wanted = RowFilter.of(names, plugins, None)
         self._claim_intents[threading.get_ident()] = ClaimIntent(
             worker_id=worker_id,
             lease_seconds=lease,
             queues=None if names is None else frozenset(names),
-            queue_filter=None if names is None else json.dumps(names),
+            plugins=None if plugins is None else frozenset(plugins),
+            wanted=wanted,
             room=limit,
             serial=serial,
         )
@@ -104,10 +107,16 @@ class ClaimAheadMixin(SqlStoreBase):
         return intent
 
     def _preclaim(
-        self, tx: Tx, rows: list[dict[str, object]], route: tuple[str, int], now: float
+        self,
+        tx: Tx,
+        rows: list[dict[str, object]],
+        route: tuple[str, int],
+        now: float,
+        plugin: str,
     ) -> bool:
         """Whether the unit's claim ahead takes a launch's new task ``rows``
-        (all routed to ``route``, queue and priority) now. If so each row
+        (all routed to ``route``, queue and priority, of a node of ``plugin``)
+        now. If so each row
         gets what ``task_insert_claimed`` and ``delivery_insert_leased``
         take besides (``status``, ``worker_id``, ``expires``) and its route;
         the caller inserts them with those and hands them to
@@ -118,11 +127,13 @@ class ClaimAheadMixin(SqlStoreBase):
         queue, priority = route
         if intent.queues is not None and queue not in intent.queues:
             return False
+        if intent.plugins is not None and plugin not in intent.plugins:
+            return False
         # Every row available now, up to the room left, is the claim's too:
         # with room for all of them and the new rows, none is passed over.
         others = tx.all(
             "queue_candidates",
-            {"now": now, "queues": intent.queue_filter, "limit": intent.room},
+            {**intent.wanted.params(None), "now": now, "limit": intent.room},
         )
         if len(others) + len(rows) > intent.room:
             # Once available rows fill the room, no later launch of the unit

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import json
 import logging
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from contextlib import suppress
 from functools import partial
 from typing import TypeVar
@@ -40,7 +40,7 @@ from dagwerk.store import (
 from dagwerk.transitions import check_task_transition
 
 from ._ahead import ClaimAheadMixin, Preclaimed
-from ._queue import QueueMixin, validate_claim
+from ._queue import QueueMixin, RowFilter, validate_claim
 from ._tasks import OutputTexts, TasksMixin, _completion, output_texts, task_record
 from .gateway import Row, Tx
 
@@ -65,6 +65,8 @@ class BatchMixin(TasksMixin, QueueMixin, ClaimAheadMixin):
         lease_seconds: float,
         queues: Sequence[str] | None = None,
         wait_seconds: float = 0.0,
+        plugins: Collection[str] | None = None,
+        prefer_run: str | None = None,
     ) -> list[ClaimedDelivery]:
         if self._one_writer():
             # What the unit's launches claimed for this claim comes first.
@@ -72,6 +74,7 @@ class BatchMixin(TasksMixin, QueueMixin, ClaimAheadMixin):
                 # Checked before anything claimed is taken (no read of the
                 # queue, which checks them too, may follow).
                 validate_claim(worker_id, limit, lease_seconds, queues, wait_seconds)
+                RowFilter.of(None, plugins, prefer_run)
             pre = self._take_preclaimed(worker_id, limit)
             claims: list[Row | None] = []
             leased: list[LeasedDelivery] = []
@@ -83,6 +86,8 @@ class BatchMixin(TasksMixin, QueueMixin, ClaimAheadMixin):
                         lease_seconds=lease_seconds,
                         queues=queues,
                         wait_seconds=0.0 if pre.claimed else wait_seconds,
+                        plugins=plugins,
+                        prefer_run=prefer_run,
                         claims=claims,
                     )
                 except Exception:
@@ -106,6 +111,8 @@ class BatchMixin(TasksMixin, QueueMixin, ClaimAheadMixin):
             lease_seconds=lease_seconds,
             queues=queues,
             wait_seconds=wait_seconds,
+            plugins=plugins,
+            prefer_run=prefer_run,
             record_worker=False,
         )
         found: dict[str, TaskRecord | None] = {}

@@ -316,7 +316,9 @@ class LaunchesMixin(ClaimAheadMixin):
                     for n in range(start, min(start + step, len(plans)))
                 ]
                 rows.extend(part)
-                if step == len(plans) and self._preclaim(tx, part, (queue, priority), now):
+                if step == len(plans) and self._preclaim(
+                    tx, part, (queue, priority), now, plugin_name
+                ):
                     # Taken by the unit's claim ahead as they are written.
                     tx.many("task_insert_claimed", part)
                     tx.many("delivery_insert_leased", part)

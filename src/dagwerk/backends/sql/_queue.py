@@ -9,8 +9,9 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from contextlib import suppress
+from dataclasses import dataclass
 
 from dagwerk.backends.errors import StoreBusyError, StoreUnavailableError
 from dagwerk.constants import TaskStatus
@@ -19,7 +20,9 @@ from dagwerk.store import (
     InvalidStoreValueError,
     LeasedDelivery,
     TaskAttemptRef,
+    validate_plugin_names,
     validate_queue_names,
+    validate_run_preference,
     validate_seconds,
     validate_worker_id,
 )
@@ -39,6 +42,8 @@ class QueueMixin(SqlStoreBase):
         lease_seconds: float,
         queues: Sequence[str] | None = None,
         wait_seconds: float = 0.0,
+        plugins: Collection[str] | None = None,
+        prefer_run: str | None = None,
     ) -> list[LeasedDelivery]:
         return self._dequeue(
             worker_id,
@@ -46,6 +51,8 @@ class QueueMixin(SqlStoreBase):
             lease_seconds=lease_seconds,
             queues=queues,
             wait_seconds=wait_seconds,
+            plugins=plugins,
+            prefer_run=prefer_run,
         )
 
     def _dequeue(
@@ -56,6 +63,8 @@ class QueueMixin(SqlStoreBase):
         lease_seconds: float,
         queues: Sequence[str] | None,
         wait_seconds: float,
+        plugins: Collection[str] | None = None,
+        prefer_run: str | None = None,
         claims: list[Row | None] | None = None,
         record_worker: bool = True,
     ) -> list[LeasedDelivery]:
@@ -69,7 +78,7 @@ class QueueMixin(SqlStoreBase):
         )
         if names == []:
             return []
-        queue_filter = None if names is None else json.dumps(names)
+        wanted = RowFilter.of(names, plugins, prefer_run)
         deadline = time.monotonic() + patience
         # A gateway that can be notified (``work_epoch``/``wait_for_work``)
         # wakes at once on a local enqueue; the fallback is a short poll.
@@ -78,7 +87,7 @@ class QueueMixin(SqlStoreBase):
         while True:
             epoch = epoch_of() if epoch_of is not None else None
             leased = self._lease(
-                worker_id, limit, lease, queue_filter, claims, record_worker=record_worker
+                worker_id, limit, lease, wanted, claims, record_worker=record_worker
             )
             remaining = deadline - time.monotonic()
             if leased or remaining <= 0:
@@ -109,7 +118,7 @@ class QueueMixin(SqlStoreBase):
         worker_id: str,
         limit: int,
         lease: float,
-        queue_filter: str | None,
+        wanted: RowFilter,
         claims: list[Row | None] | None = None,
         *,
         record_worker: bool = True,
@@ -122,7 +131,7 @@ class QueueMixin(SqlStoreBase):
         spent: dict[str, Row] = {}
         serialised = getattr(self._gw, "serialises_writers", False)
         if claims is None and not record_worker and getattr(self._gw, "pipelines_writes", False):
-            flown = self._lease_in_flights(worker_id, limit, lease, queue_filter, spent)
+            flown = self._lease_in_flights(worker_id, limit, lease, wanted, spent)
             self._bury_all(spent, flown)
             return flown
         if serialised and self._write_mark() is None:
@@ -133,7 +142,7 @@ class QueueMixin(SqlStoreBase):
             # a unit of work that holds the lock already needs no look).
             with self._gw.read() as tx:
                 if not tx.all(
-                    "queue_candidates", {"now": self._now(), "queues": queue_filter, "limit": 1}
+                    "queue_candidates", {**wanted.params(None), "now": self._now(), "limit": 1}
                 ):
                     return []
         with self._gw.write() as tx:
@@ -142,75 +151,101 @@ class QueueMixin(SqlStoreBase):
             inserted = self._fresh_queued() if claims is not None else {}
             now = self._now()
             leased: list[LeasedDelivery] = []
-            while len(leased) < limit:
-                # Noted rows stay candidates in this transaction, so the
-                # query reaches past them; each round leases or notes a new
-                # row, or ends the loop.
-                asked = limit - len(leased) + len(spent)
-                rows = tx.all(
-                    "queue_candidates", {"now": now, "queues": queue_filter, "limit": asked}
+            for run_id in wanted.phases():
+                self._lease_rounds(
+                    tx,
+                    wanted.params(run_id),
+                    worker_id=worker_id,
+                    limit=limit,
+                    lease=lease,
+                    now=now,
+                    spent=spent,
+                    leased=leased,
+                    record_worker=record_worker and claims is None,
                 )
-                fresh = [row for row in rows if row["delivery_id"] not in spent]
-                if not fresh:
-                    break
-                # Fewer rows than asked for: there is nothing beyond them, so
-                # this round is the last (saves an empty query per dequeue).
-                exhausted = len(rows) < asked
-                expires = now + lease
-                taken: list[Row] = []
-                for row in fresh:
-                    if len(leased) + len(taken) >= limit:
-                        break
-                    if row["delivery_count"] >= self.max_deliveries:
-                        spent[row["delivery_id"]] = row
-                        continue
-                    taken.append(row)
-                if not taken:
-                    if exhausted:
-                        break
-                    continue
-                # One statement each for the round's rows, before the next
-                # round's query (which must no longer see them).
-                tx.many(
-                    "queue_lease",
-                    [
-                        {
-                            "delivery_id": r["delivery_id"],
-                            "worker_id": worker_id,
-                            "expires": expires,
-                        }
-                        for r in taken
-                    ],
-                )
-                if claims is None and record_worker:
-                    # (With ``claims`` the claim below records the worker in
-                    # the same statement that sets the task RUNNING; without
-                    # ``record_worker`` the caller's claim does.)
-                    tx.many(
-                        "task_set_worker",
-                        [
-                            {
-                                "task_id": r["task_id"],
-                                "attempt_id": r["attempt_id"],
-                                "worker_id": worker_id,
-                            }
-                            for r in taken
-                        ],
-                    )
-                leased.extend(_leased(row, worker_id, expires) for row in taken)
-                if exhausted:
-                    break
             if claims is not None and leased:
                 claims.extend(self._claim_many(tx, leased, worker_id=worker_id, fresh=inserted))
         self._bury_all(spent, leased)
         return leased
+
+    def _lease_rounds(
+        self,
+        tx: Tx,
+        params: Mapping[str, object],
+        *,
+        worker_id: str,
+        limit: int,
+        lease: float,
+        now: float,
+        spent: dict[str, Row],
+        leased: list[LeasedDelivery],
+        record_worker: bool,
+    ) -> None:
+        """Lease rows matching ``params`` into ``leased`` (up to ``limit`` in
+        all) in ``tx``; rows past ``max_deliveries`` go to ``spent``."""
+        while len(leased) < limit:
+            # Noted rows stay candidates in this transaction, so the
+            # query reaches past them; each round leases or notes a new
+            # row, or ends the loop.
+            asked = limit - len(leased) + len(spent)
+            rows = tx.all("queue_candidates", {**params, "now": now, "limit": asked})
+            fresh = [row for row in rows if row["delivery_id"] not in spent]
+            if not fresh:
+                break
+            # Fewer rows than asked for: there is nothing beyond them, so
+            # this round is the last (saves an empty query per dequeue).
+            exhausted = len(rows) < asked
+            expires = now + lease
+            taken: list[Row] = []
+            for row in fresh:
+                if len(leased) + len(taken) >= limit:
+                    break
+                if row["delivery_count"] >= self.max_deliveries:
+                    spent[row["delivery_id"]] = row
+                    continue
+                taken.append(row)
+            if not taken:
+                if exhausted:
+                    break
+                continue
+            # One statement each for the round's rows, before the next
+            # round's query (which must no longer see them).
+            tx.many(
+                "queue_lease",
+                [
+                    {
+                        "delivery_id": r["delivery_id"],
+                        "worker_id": worker_id,
+                        "expires": expires,
+                    }
+                    for r in taken
+                ],
+            )
+            if record_worker:
+                # (With ``claims`` the claim records the worker in the
+                # same statement that sets the task RUNNING; without
+                # ``record_worker`` the caller's claim does.)
+                tx.many(
+                    "task_set_worker",
+                    [
+                        {
+                            "task_id": r["task_id"],
+                            "attempt_id": r["attempt_id"],
+                            "worker_id": worker_id,
+                        }
+                        for r in taken
+                    ],
+                )
+            leased.extend(_leased(row, worker_id, expires) for row in taken)
+            if exhausted:
+                break
 
     def _lease_in_flights(
         self,
         worker_id: str,
         limit: int,
         lease: float,
-        queue_filter: str | None,
+        wanted: RowFilter,
         spent: dict[str, Row],
     ) -> list[LeasedDelivery]:
         """The leases of a dequeue where writes are pipelined (PostgreSQL):
@@ -219,6 +254,31 @@ class QueueMixin(SqlStoreBase):
         but not leased; they go to ``spent`` and a further round reaches past
         them, as the loop of :meth:`_lease` does."""
         leased: list[LeasedDelivery] = []
+        for run_id in wanted.phases():
+            if len(leased) >= limit or not self._lease_flights(
+                wanted.params(run_id),
+                worker_id=worker_id,
+                limit=limit,
+                lease=lease,
+                spent=spent,
+                leased=leased,
+            ):
+                break
+        return leased
+
+    def _lease_flights(
+        self,
+        params: Mapping[str, object],
+        *,
+        worker_id: str,
+        limit: int,
+        lease: float,
+        spent: dict[str, Row],
+        leased: list[LeasedDelivery],
+    ) -> bool:
+        """The rounds of :meth:`_lease_in_flights` for rows matching
+        ``params``; False when a round failed after earlier leases (the
+        dequeue then ends with those)."""
         while len(leased) < limit:
             asked = limit - len(leased) + len(spent)
             now = self._now()
@@ -228,8 +288,8 @@ class QueueMixin(SqlStoreBase):
                     rows = tx.all_committing(
                         "queue_lease_next",
                         {
+                            **params,
                             "now": now,
-                            "queues": queue_filter,
                             "limit": asked,
                             "worker_id": worker_id,
                             "expires": expires,
@@ -239,7 +299,7 @@ class QueueMixin(SqlStoreBase):
             except (StoreBusyError, StoreUnavailableError):
                 if not leased:
                     raise
-                break  # the leases of the earlier rounds are committed: they go out
+                return False  # the leases of the earlier rounds are committed: they go out
             fresh = 0
             for row in rows:
                 if row["leased"]:
@@ -251,7 +311,7 @@ class QueueMixin(SqlStoreBase):
             # Fewer rows than asked for: nothing is beyond them.
             if len(rows) < asked or not fresh:
                 break
-        return leased
+        return True
 
     def _bury_all(self, spent: Mapping[str, Row], leased: list[LeasedDelivery]) -> None:
         for row in spent.values():
@@ -404,6 +464,37 @@ class QueueMixin(SqlStoreBase):
             },
         )
         tx.run("delivery_delete", {"delivery_id": row["delivery_id"]})
+
+
+@dataclass(frozen=True, slots=True)
+class RowFilter:
+    """Which rows a dequeue may lease, as query parameters (JSON lists;
+    ``None``: any queue, any plugin), and the run whose rows come first."""
+
+    queues: str | None
+    plugins: str | None
+    prefer_run: str | None
+
+    @classmethod
+    def of(
+        cls,
+        queues: list[str] | None,
+        plugins: Collection[str] | None,
+        prefer_run: str | None,
+    ) -> RowFilter:
+        served = validate_plugin_names(plugins)
+        return cls(
+            None if queues is None else json.dumps(queues),
+            None if served is None else json.dumps(served),
+            validate_run_preference(prefer_run),
+        )
+
+    def phases(self) -> tuple[str | None, ...]:
+        """The ``run_id`` restriction of each pass over the queue, in order."""
+        return (None,) if self.prefer_run is None else (self.prefer_run, None)
+
+    def params(self, run_id: str | None) -> dict[str, object]:
+        return {"queues": self.queues, "plugins": self.plugins, "run_id": run_id}
 
 
 def validate_claim(

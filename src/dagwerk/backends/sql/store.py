@@ -11,6 +11,7 @@ from ._queue import QueueMixin
 from ._runs import RunsMixin
 from ._tasks import TasksMixin
 from ._waits import WaitsMixin
+from ._workers import WorkersMixin
 
 __all__ = ["SqlStore"]
 
@@ -24,6 +25,7 @@ class SqlStore(
     WaitsMixin,
     QueueMixin,
     GatedMixin,
+    WorkersMixin,
     FrontierMixin,
 ):
     """Implements ``DagStore``, ``DagWaitStore``, ``DagRetryStore``,

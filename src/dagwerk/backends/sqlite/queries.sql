@@ -418,9 +418,16 @@ DELETE FROM dagwerk_deliveries WHERE delivery_id = :delivery_id;
 SELECT * FROM dagwerk_deliveries WHERE (:run_id IS NULL OR run_id = :run_id) ORDER BY seq;
 
 -- name: queue_candidates
-SELECT * FROM dagwerk_deliveries
+-- :plugins (a JSON list, or NULL: any) filters by the node's plugin, which
+-- the row's launch names; :run_id (or NULL: any) by run.
+SELECT * FROM dagwerk_deliveries AS d
 WHERE available_at <= :now
   AND (:queues IS NULL OR queue IN (SELECT value FROM json_each(:queues)))
+  AND (:run_id IS NULL OR run_id = :run_id)
+  AND (:plugins IS NULL OR EXISTS (
+      SELECT 1 FROM dagwerk_launches AS l
+      WHERE l.launch_id = d.launch_id
+        AND l.plugin IN (SELECT value FROM json_each(:plugins))))
 ORDER BY priority DESC, available_at, seq
 LIMIT :limit;
 
@@ -627,3 +634,36 @@ SELECT b.*, a.position,
            AND t.invalidated = 0) AS reserved_units
 FROM dagwerk_run_accounts a JOIN dagwerk_budgets b ON b.account_id = a.account_id
 WHERE a.run_id = :run_id ORDER BY a.position;
+
+-- name: workers_prune
+DELETE FROM dagwerk_workers WHERE expires_at < :horizon;
+
+-- name: worker_upsert
+INSERT INTO dagwerk_workers (worker_id, plugins, queues, seen_at, expires_at)
+VALUES (:worker_id, :plugins, :queues, :now, :expires)
+ON CONFLICT (worker_id) DO UPDATE SET
+    plugins = excluded.plugins, queues = excluded.queues,
+    seen_at = excluded.seen_at, expires_at = excluded.expires_at;
+
+-- name: worker_retire
+UPDATE dagwerk_workers SET expires_at = :now
+WHERE worker_id = :worker_id AND expires_at > :now;
+
+-- name: workers_list
+SELECT * FROM dagwerk_workers ORDER BY seen_at DESC, worker_id;
+
+-- name: leases_expired
+SELECT * FROM dagwerk_deliveries
+WHERE lease_owner IS NOT NULL AND lease_expires_at <= :now
+  AND (:run_id IS NULL OR run_id = :run_id)
+ORDER BY lease_expires_at, seq;
+
+-- name: queue_next_due
+SELECT min(available_at) AS due FROM dagwerk_deliveries AS d
+WHERE (lease_owner IS NULL OR lease_expires_at <= :now)
+  AND (:queues IS NULL OR queue IN (SELECT value FROM json_each(:queues)))
+  AND (:run_id IS NULL OR run_id = :run_id)
+  AND (:plugins IS NULL OR EXISTS (
+      SELECT 1 FROM dagwerk_launches AS l
+      WHERE l.launch_id = d.launch_id
+        AND l.plugin IN (SELECT value FROM json_each(:plugins))));

@@ -215,3 +215,12 @@ CREATE TABLE dagwerk_stalls (
     held_nodes TEXT NOT NULL,
     detected_at REAL NOT NULL
 ) WITHOUT ROWID;
+
+-- version 7: worker presence (one row per recent worker).
+CREATE TABLE dagwerk_workers (
+    worker_id TEXT PRIMARY KEY,
+    plugins TEXT NOT NULL,
+    queues TEXT,
+    seen_at REAL NOT NULL,
+    expires_at REAL NOT NULL
+) WITHOUT ROWID;

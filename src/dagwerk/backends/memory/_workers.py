@@ -1,0 +1,122 @@
+"""Worker presence of the in-memory store (the reference for
+:class:`~dagwerk.store.WorkerPresenceStore`)."""
+
+from __future__ import annotations
+
+from collections.abc import Collection, Sequence
+from dataclasses import dataclass, replace
+from typing import Any
+
+from dagwerk.store import (
+    WORKER_RECORDS_KEPT_SECONDS,
+    ExpiredLease,
+    WorkerRecord,
+    validate_plugin_names,
+    validate_queue_names,
+    validate_seconds,
+    validate_worker_id,
+)
+
+from ._base import MemoryStoreBase
+
+
+@dataclass(frozen=True, slots=True)
+class _Presence:
+    plugins: tuple[str, ...]
+    queues: tuple[str, ...] | None
+    seen_at: float
+    expires_at: float
+
+
+class WorkersMixin(MemoryStoreBase):
+    def __init__(self, **settings: Any) -> None:
+        super().__init__(**settings)
+        self._workers: dict[str, _Presence] = {}
+
+    def record_worker(
+        self,
+        worker_id: str,
+        *,
+        plugins: Collection[str],
+        queues: Sequence[str] | None,
+        ttl_seconds: float,
+    ) -> None:
+        validate_worker_id(worker_id)
+        served = validate_plugin_names(plugins)
+        assert served is not None
+        names = validate_queue_names(queues)
+        ttl = validate_seconds(ttl_seconds, "ttl_seconds", positive=True)
+        with self._lock:
+            now = float(self._clock())
+            horizon = now - WORKER_RECORDS_KEPT_SECONDS
+            for stale in [w for w, p in self._workers.items() if p.expires_at < horizon]:
+                del self._workers[stale]
+            self._workers[worker_id] = _Presence(
+                tuple(served), None if names is None else tuple(names), now, now + ttl
+            )
+
+    def retire_worker(self, worker_id: str) -> bool:
+        with self._lock:
+            now = float(self._clock())
+            found = self._workers.get(worker_id)
+            if found is None or found.expires_at <= now:
+                return False
+            self._workers[worker_id] = replace(found, expires_at=now)
+            return True
+
+    def list_workers(self) -> list[WorkerRecord]:
+        with self._lock:
+            now = float(self._clock())
+            found = [
+                WorkerRecord(
+                    worker_id,
+                    presence.plugins,
+                    presence.queues,
+                    max(0.0, now - presence.seen_at),
+                    presence.expires_at > now,
+                )
+                for worker_id, presence in self._workers.items()
+            ]
+        return sorted(found, key=lambda w: (w.seen_seconds_ago, w.worker_id))
+
+    def list_expired_leases(self, run_id: str | None = None) -> list[ExpiredLease]:
+        with self._lock:
+            now = float(self._clock())
+            found: list[tuple[float, int, ExpiredLease]] = []
+            for delivery_id, row in self._queue.items():
+                expires = row.lease_expires_at
+                if row.lease_owner is None or expires is None or expires > now:
+                    continue
+                if run_id is not None and row.run_id != run_id:
+                    continue
+                delivery = self._deliveries[delivery_id]
+                lease = ExpiredLease(
+                    delivery_id,
+                    delivery.task_id,
+                    delivery.attempt_id,
+                    delivery.run_id,
+                    delivery.node_index,
+                    row.lease_owner,
+                    now - expires,
+                )
+                found.append((expires, row.seq, lease))
+        return [lease for *_, lease in sorted(found, key=lambda item: (item[0], item[1]))]
+
+    def next_delivery_in(
+        self,
+        *,
+        queues: Sequence[str] | None = None,
+        plugins: Collection[str] | None = None,
+    ) -> float | None:
+        names = validate_queue_names(queues)
+        served = validate_plugin_names(plugins)
+        with self._lock:
+            now = float(self._clock())
+            times = [
+                row.available_at
+                for row in self._queue.values()
+                if (row.lease_owner is None or (row.lease_expires_at or 0.0) <= now)
+                and (names is None or row.queue in names)
+                and (served is None or row.plugin in served)
+            ]
+        return None if not times else max(0.0, min(times) - now)

@@ -1,0 +1,98 @@
+"""Worker presence of the SQL store (see :class:`~dagwerk.store.WorkerPresenceStore`)."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Collection, Sequence
+
+from dagwerk.store import (
+    WORKER_RECORDS_KEPT_SECONDS,
+    ExpiredLease,
+    WorkerRecord,
+    validate_plugin_names,
+    validate_queue_names,
+    validate_seconds,
+    validate_worker_id,
+)
+
+from ._base import SqlStoreBase
+from ._queue import RowFilter
+
+
+class WorkersMixin(SqlStoreBase):
+    def record_worker(
+        self,
+        worker_id: str,
+        *,
+        plugins: Collection[str],
+        queues: Sequence[str] | None,
+        ttl_seconds: float,
+    ) -> None:
+        validate_worker_id(worker_id)
+        served = validate_plugin_names(plugins)
+        names = validate_queue_names(queues)
+        ttl = validate_seconds(ttl_seconds, "ttl_seconds", positive=True)
+        with self._gw.write() as tx:
+            now = self._now()
+            tx.run("workers_prune", {"horizon": now - WORKER_RECORDS_KEPT_SECONDS})
+            tx.run(
+                "worker_upsert",
+                {
+                    "worker_id": worker_id,
+                    "plugins": json.dumps(served),
+                    "queues": None if names is None else json.dumps(names),
+                    "now": now,
+                    "expires": now + ttl,
+                },
+            )
+
+    def retire_worker(self, worker_id: str) -> bool:
+        with self._gw.write() as tx:
+            now = self._now()
+            return tx.run("worker_retire", {"worker_id": worker_id, "now": now}) == 1
+
+    def list_workers(self) -> list[WorkerRecord]:
+        with self._gw.read() as tx:
+            now = self._now()
+            rows = tx.all("workers_list", {})
+        return [
+            WorkerRecord(
+                worker_id=row["worker_id"],
+                plugins=tuple(json.loads(row["plugins"])),
+                queues=None if row["queues"] is None else tuple(json.loads(row["queues"])),
+                seen_seconds_ago=max(0.0, now - row["seen_at"]),
+                live=row["expires_at"] > now,
+            )
+            for row in rows
+        ]
+
+    def list_expired_leases(self, run_id: str | None = None) -> list[ExpiredLease]:
+        with self._gw.read() as tx:
+            now = self._now()
+            rows = tx.all("leases_expired", {"now": now, "run_id": run_id})
+        return [
+            ExpiredLease(
+                delivery_id=row["delivery_id"],
+                task_id=row["task_id"],
+                attempt_id=row["attempt_id"],
+                run_id=row["run_id"],
+                node_index=row["node_index"],
+                worker_id=row["lease_owner"],
+                expired_seconds_ago=now - row["lease_expires_at"],
+            )
+            for row in rows
+        ]
+
+    def next_delivery_in(
+        self,
+        *,
+        queues: Sequence[str] | None = None,
+        plugins: Collection[str] | None = None,
+    ) -> float | None:
+        names = validate_queue_names(queues)
+        wanted = RowFilter.of(names, plugins, None)
+        with self._gw.read() as tx:
+            now = self._now()
+            row = tx.one("queue_next_due", {**wanted.params(None), "now": now})
+        due = None if row is None else row["due"]
+        return None if due is None else max(0.0, float(due) - now)
