@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 import click
 
-from dagwerk.cli.app import EXIT_FAILURE, InvalidInputError, safe_line
+from dagwerk.cli.app import EXIT_FAILURE, JSON_OUTPUT, InvalidInputError, safe_line
 
 if TYPE_CHECKING:
     from dagwerk.constants import RunStatus
@@ -53,9 +53,25 @@ def db_option(fn: F) -> F:
     return option(fn)
 
 
+def _note_json(ctx: click.Context, param: click.Parameter, value: bool) -> bool:
+    if value:
+        ctx.meta[JSON_OUTPUT] = True
+    return value
+
+
 def json_option(fn: F) -> F:
-    """``--json``: machine-readable output on stdout."""
-    return click.option("--json", "as_json", is_flag=True, help="Print JSON for scripts.")(fn)
+    """``--json``: machine-readable output on stdout, errors included.
+
+    The flag is processed before the other parameters, so an invalid value of
+    another option is reported as JSON too."""
+    return click.option(
+        "--json",
+        "as_json",
+        is_flag=True,
+        is_eager=True,
+        callback=_note_json,
+        help="Print JSON for scripts (errors too).",
+    )(fn)
 
 
 def open_engine(db: str) -> Engine:

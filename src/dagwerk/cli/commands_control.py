@@ -68,9 +68,22 @@ def retry(run_id: str, boundary: tuple[str, ...], db: str, as_json: bool) -> Non
     if as_json:
         echo_json({"run_id": run_id, "retry_count": result.retry_count, "nodes": slugs})
         return
+    what = f"node {slugs[0]}" if len(slugs) == 1 else f"{len(slugs)} nodes ({', '.join(slugs)})"
+    kept = len(nodes) - len(slugs)
+    kept_text = ""
+    if kept == 1:
+        kept_text = "; the other node keeps its outputs"
+    elif kept > 1:
+        kept_text = f"; the other {kept} nodes keep their outputs"
     click.echo(
-        f"run {run_id}: retry {result.retry_count} queued nodes {', '.join(slugs)}; "
-        "a worker will run them (dagwerk worker)"
+        safe_line(
+            f"run {run_id}: reopened (retry {result.retry_count}); "
+            f"{what} will run again{kept_text}"
+        )
+    )
+    click.echo(
+        f"next: start a worker to run them (dagwerk worker --pipeline FILE [--burst]); "
+        f"then: dagwerk show {run_id}"
     )
 
 
