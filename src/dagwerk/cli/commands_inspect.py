@@ -19,6 +19,7 @@ from dagwerk.cli.composite import describe_composite, render_composite
 
 if TYPE_CHECKING:
     from dagwerk.engine import Engine
+    from dagwerk.store import TaskRecord
 
 __all__ = ["runs", "show"]
 
@@ -79,19 +80,27 @@ def _run_json(record: Any) -> dict[str, Any]:
     }
 
 
-def _attempts(engine: Engine, task_id: str) -> list[dict[str, Any]] | None:
+def _attempts(engine: Engine, task: TaskRecord) -> list[dict[str, Any]] | None:
     if not hasattr(engine.store, "list_attempts"):
         return None
     return [
         {
             "attempt_id": a.attempt_id,
             "number": a.number,
-            "status": a.status.value if a.status is not None else None,
+            # An unfinished current attempt has no outcome yet: its state is
+            # the task's (queued, running or waiting).
+            "status": (
+                a.status.value
+                if a.status is not None
+                else task.status.value
+                if a.attempt_id == task.attempt_id
+                else None
+            ),
             "error": a.error,
             "worker_id": a.worker_id,
             "resumed_from_wait_id": a.resumed_from_wait_id,
         }
-        for a in engine.list_attempts(task_id)
+        for a in engine.list_attempts(task.task_id)
     ]
 
 
@@ -137,7 +146,7 @@ def describe_run(engine: Engine, run_id: str) -> dict[str, Any]:
                 "error": task.error,
                 "waiting_on": task.active_wait_id,
                 "resumed_from_wait_id": task.resumed_from_wait_id,
-                "attempts": _attempts(engine, task.task_id),
+                "attempts": _attempts(engine, task),
             }
         )
     letters = [
