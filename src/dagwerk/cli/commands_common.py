@@ -20,6 +20,7 @@ from dagwerk.cli.app import EXIT_FAILURE, JSON_OUTPUT, InvalidInputError, safe_l
 if TYPE_CHECKING:
     from dagwerk.constants import RunStatus
     from dagwerk.engine import Engine
+    from dagwerk.models import DagNode
 
 __all__ = [
     "db_option",
@@ -28,6 +29,8 @@ __all__ = [
     "format_time",
     "is_terminal",
     "json_option",
+    "json_text",
+    "last_nodes",
     "open_engine",
     "parse_json_argument",
     "read_run_input",
@@ -113,8 +116,25 @@ def exit_code_for(status: RunStatus) -> int:
     return 0 if status is RunStatus.COMPLETED else EXIT_FAILURE
 
 
+def json_text(value: object) -> str:
+    """``value`` as one line of JSON: mappings are objects, tuples are arrays.
+
+    Only JSON values are accepted: anything else is an error, never its
+    ``repr`` in the output."""
+    from dagwerk.json import thaw_json
+
+    return json.dumps(thaw_json(value), ensure_ascii=False, allow_nan=False)
+
+
 def echo_json(value: object) -> None:
-    click.echo(json.dumps(value, ensure_ascii=False, sort_keys=False, default=str))
+    """Print ``value`` as one line of JSON on stdout (see :func:`json_text`)."""
+    click.echo(json_text(value))
+
+
+def last_nodes(nodes: Sequence[DagNode]) -> list[str]:
+    """Slugs of the nodes no other node reads (a run's results), in order."""
+    sources = {edge.source for node in nodes for edge in node.edges}
+    return [node.slug for node in nodes if node.slug not in sources]
 
 
 def is_terminal() -> bool:

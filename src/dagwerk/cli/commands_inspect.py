@@ -1,4 +1,4 @@
-"""Commands that read runs: ``runs`` and ``show``."""
+"""Commands that read runs: ``runs``, ``show`` and ``outputs``."""
 
 from __future__ import annotations
 
@@ -12,6 +12,8 @@ from dagwerk.cli.commands_common import (
     echo_json,
     format_time,
     json_option,
+    json_text,
+    last_nodes,
     open_engine,
     render_table,
 )
@@ -21,7 +23,7 @@ if TYPE_CHECKING:
     from dagwerk.engine import Engine
     from dagwerk.store import TaskRecord
 
-__all__ = ["runs", "show"]
+__all__ = ["outputs", "runs", "show"]
 
 _STATUSES = ["pending", "running", "completed", "failed", "crashed", "cancelled"]
 
@@ -261,3 +263,63 @@ def show(run_id: str, db: str, as_json: bool, why: bool = False) -> None:
             ],
         )
     render_composite(described)
+
+
+@click.command()
+@click.argument("run_id", metavar="RUN")
+@click.option(
+    "--node",
+    "slugs",
+    multiple=True,
+    metavar="SLUG",
+    help="This node's outputs (repeatable; default: the last nodes, which no node reads).",
+)
+@db_option
+@json_option
+def outputs(run_id: str, slugs: tuple[str, ...], db: str, as_json: bool) -> None:
+    """Print the outputs nodes of a run published, as JSON.
+
+    Each output is one line: its fields (what edges route on) and, when it
+    has any, its data. Works on a run in any state; a node that has not run
+    yet has no outputs.
+
+    \b
+    Examples:
+      dagwerk outputs run-1f2e3d4c5b6a7980
+      dagwerk outputs run-1f2e3d4c5b6a7980 --node score --json
+    """
+    from dagwerk.engine import UnknownNodeError
+
+    with open_engine(db) as engine:
+        result = engine.result(run_id)
+        nodes = engine.nodes(run_id)
+    known = [node.slug for node in nodes]
+    unknown = [slug for slug in slugs if slug not in known]
+    if unknown:
+        raise UnknownNodeError(
+            f"run {run_id!r} has no node {unknown[0]!r} (nodes: {', '.join(known)})",
+            field="nodes",
+        )
+    chosen = list(dict.fromkeys(slugs)) or last_nodes(nodes)
+    published = {slug: result.outputs.get(slug, ()) for slug in chosen}
+    if as_json:
+        echo_json(
+            {
+                "run_id": run_id,
+                "status": result.status.value,
+                "outputs": {
+                    slug: [
+                        {"id": out.id, "fields": out.fields, "data": out.data} for out in values
+                    ]
+                    for slug, values in published.items()
+                },
+            }
+        )
+        return
+    click.echo(safe_line(f"run {run_id}: {result.status.value}"))
+    for slug, values in published.items():
+        count = f"{len(values)} output" + ("" if len(values) == 1 else "s")
+        click.echo(safe_line(f"{slug} ({count}):"))
+        for out in values:
+            data = f"  data: {json_text(out.data)}" if out.data else ""
+            click.echo(safe_line(f"  {json_text(out.fields)}{data}"))

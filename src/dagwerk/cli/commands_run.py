@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import signal
 import sys
 import threading
@@ -20,6 +19,8 @@ from dagwerk.cli.commands_common import (
     exit_code_for,
     is_terminal,
     json_option,
+    json_text,
+    last_nodes,
     open_engine,
     read_run_input,
 )
@@ -73,23 +74,20 @@ def _check_plugins(pipeline: Pipeline, engine: Engine) -> None:
         )
 
 
-def _sinks(result: RunResult, pipeline: Pipeline) -> list[str]:
-    sources = {edge.source for node in pipeline.nodes for edge in node.edges}
-    return [node.slug for node in pipeline.nodes if node.slug not in sources]
-
-
 def _print_result(result: RunResult, pipeline: Pipeline) -> None:
     task_count = sum(len(outputs) for outputs in result.outputs.values())
     click.echo(f"run {result.run_id}: {result.status.value} ({task_count} outputs)")
     if result.error:
         click.echo(f"  error: {safe_line(result.error)}")
-    for slug in _sinks(result, pipeline):
+    for slug in last_nodes(pipeline.nodes):
         outputs = result.outputs.get(slug, ())
         for output in outputs[:5]:
-            fields = json.dumps(dict(output.fields), ensure_ascii=False, default=str)
-            click.echo(safe_line(f"  {slug} -> {fields}"))
+            click.echo(safe_line(f"  {slug} -> {json_text(output.fields)}"))
         if len(outputs) > 5:
-            click.echo(f"  {slug} -> ... {len(outputs) - 5} more")
+            click.echo(
+                f"  {slug} -> ... {len(outputs) - 5} more "
+                f"(dagwerk outputs {result.run_id} --node {slug})"
+            )
     if not result.ok:
         click.echo(f"  inspect: dagwerk show {result.run_id}; retry: dagwerk retry {result.run_id}")
 

@@ -1,0 +1,77 @@
+"""What ``dagwerk run`` and ``dagwerk outputs`` print for a pipeline file of the user's own."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from click.testing import CliRunner
+
+from dagwerk.cli import cli
+
+NESTED_PLUGINS = '''
+import dagwerk
+
+@dagwerk.plugin("nested_customers")
+def customers(inputs, ctx):
+    return [
+        {
+            "customer": "c1",
+            "orders": [{"order_id": 1, "amount": 3.5}, {"order_id": 2, "amount": 1}],
+            "tags": ("new", "eu"),
+        }
+    ]
+'''
+
+NESTED_PIPELINE = """
+name: nested
+plugins: [nested_output_plugins]
+nodes:
+  - slug: customers
+    plugin: nested_customers
+"""
+
+EXPECTED_FIELDS = {
+    "customer": "c1",
+    "orders": [{"order_id": 1, "amount": 3.5}, {"order_id": 2, "amount": 1}],
+    "tags": ["new", "eu"],
+}
+
+
+def _pipeline(tmp_path: Path, module: str, plugins: str, pipeline: str) -> str:
+    (tmp_path / f"{module}.py").write_text(plugins, encoding="utf-8")
+    path = tmp_path / "pipeline.yaml"
+    path.write_text(pipeline, encoding="utf-8")
+    return str(path)
+
+
+def test_run_and_outputs_print_nested_outputs_as_json(tmp_path: Path) -> None:
+    pipeline = _pipeline(tmp_path, "nested_output_plugins", NESTED_PLUGINS, NESTED_PIPELINE)
+    db = f"sqlite:///{tmp_path / 'nested.db'}"
+    runner = CliRunner()
+    ran = runner.invoke(cli, ["run", pipeline, "--db", db])
+    assert ran.exit_code == 0, ran.output
+    (line,) = [line for line in ran.stdout.splitlines() if " -> " in line]
+    assert line.startswith("  customers -> ")
+    assert json.loads(line.removeprefix("  customers -> ")) == EXPECTED_FIELDS
+    assert "FrozenDict" not in ran.stdout
+
+    as_json = runner.invoke(cli, ["run", pipeline, "--db", db, "--json"])
+    document = json.loads(as_json.stdout)
+    (output,) = document["outputs"]["customers"]
+    assert output["fields"] == EXPECTED_FIELDS
+    run_id = document["run_id"]
+
+    listed = runner.invoke(cli, ["outputs", run_id, "--db", db])
+    assert listed.exit_code == 0, listed.output
+    assert listed.stdout.splitlines()[:2] == [f"run {run_id}: completed", "customers (1 output):"]
+    assert json.loads(listed.stdout.splitlines()[2]) == EXPECTED_FIELDS
+
+    picked = runner.invoke(cli, ["outputs", run_id, "--node", "customers", "--db", db, "--json"])
+    assert picked.exit_code == 0, picked.output
+    (output,) = json.loads(picked.stdout)["outputs"]["customers"]
+    assert output["fields"] == EXPECTED_FIELDS and output["data"] == {}
+
+    unknown = runner.invoke(cli, ["outputs", run_id, "--node", "nope", "--db", db])
+    assert unknown.exit_code == 2
+    assert "has no node 'nope' (nodes: customers)" in unknown.stderr
