@@ -77,10 +77,24 @@ def json_option(fn: F) -> F:
     )(fn)
 
 
-def open_engine(db: str) -> Engine:
-    """An engine on ``db``; a bad URL is invalid input (exit 2)."""
+def open_engine(db: str, *, create: bool = True) -> Engine:
+    """An engine on ``db``; a bad URL is invalid input (exit 2).
+
+    ``create=False`` is for commands about runs already stored: a SQLite file
+    that does not exist is invalid input naming the path, not a new empty
+    database (a typo in ``--db`` must not answer "no runs")."""
     from dagwerk.engine import Engine
 
+    if not create and db.startswith("sqlite:"):
+        from dagwerk.backends.sqlite import sqlite_path
+
+        path, _ = sqlite_path(db)
+        in_memory = path == ":memory:" or path.startswith("file::memory:")
+        if not in_memory and not Path(path).exists():
+            raise InvalidInputError(
+                f"no database at {path} (--db {db}): nothing is stored there; "
+                "check --db or DAGWERK_DB"
+            )
     return Engine(db)
 
 

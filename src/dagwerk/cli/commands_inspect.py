@@ -46,10 +46,10 @@ def runs(db: str, status: str | None, limit: int, as_json: bool, stalled: bool =
     if stalled:
         from dagwerk.cli.commands_gated import echo_stalled
 
-        with open_engine(db) as engine:
+        with open_engine(db, create=False) as engine:
             echo_stalled(engine, limit, as_json)
         return
-    with open_engine(db) as engine:
+    with open_engine(db, create=False) as engine:
         records = engine.list_runs(status=status, limit=limit)
     if as_json:
         echo_json([_run_json(record) for record in records])
@@ -191,10 +191,10 @@ def show(run_id: str, db: str, as_json: bool, why: bool = False) -> None:
     if why:
         from dagwerk.cli.commands_gated import show_why
 
-        with open_engine(db) as engine:
+        with open_engine(db, create=False) as engine:
             show_why(engine, run_id, as_json)
         return
-    with open_engine(db) as engine:
+    with open_engine(db, create=False) as engine:
         described = describe_run(engine, run_id)
     if as_json:
         echo_json(described)
@@ -290,7 +290,7 @@ def outputs(run_id: str, slugs: tuple[str, ...], db: str, as_json: bool) -> None
     """
     from dagwerk.engine import UnknownNodeError
 
-    with open_engine(db) as engine:
+    with open_engine(db, create=False) as engine:
         result = engine.result(run_id)
         nodes = engine.nodes(run_id)
     known = [node.slug for node in nodes]
