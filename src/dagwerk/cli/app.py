@@ -30,6 +30,7 @@ __all__ = [
     "describe_error",
     "error_code",
     "main",
+    "problem_lines",
     "safe_line",
 ]
 
@@ -57,18 +58,28 @@ class CliError(click.ClickException):
     exit_code = EXIT_FAILURE
 
     def __init__(
-        self, message: str, *, code: str = "command_failed", as_json: bool = False
+        self,
+        message: str,
+        *,
+        code: str = "command_failed",
+        as_json: bool = False,
+        more: Sequence[str] = (),
     ) -> None:
         super().__init__(safe_line(message))
         self.code = code
         self.as_json = as_json
+        self.more = tuple(safe_line(line) for line in more)
+        """Further problems, each shown as its own ``error: ...`` line."""
 
     def show(self, file: Any = None) -> None:
         if self.as_json:
-            error = {"message": self.format_message(), "code": self.code}
+            error: dict[str, Any] = {"message": self.format_message(), "code": self.code}
+            if self.more:
+                error["problems"] = [self.format_message(), *self.more]
             click.echo(json.dumps({"error": {**error, "exit_code": self.exit_code}}))
             return
-        click.echo(f"error: {self.format_message()}", err=True)
+        for line in (self.format_message(), *self.more):
+            click.echo(f"error: {line}", err=True)
 
 
 class InvalidInputError(CliError):
@@ -76,17 +87,45 @@ class InvalidInputError(CliError):
 
     exit_code = EXIT_INVALID
 
-    def __init__(self, message: str, *, code: str = "invalid_input", as_json: bool = False) -> None:
-        super().__init__(message, code=code, as_json=as_json)
+    def __init__(
+        self,
+        message: str,
+        *,
+        code: str = "invalid_input",
+        as_json: bool = False,
+        more: Sequence[str] = (),
+    ) -> None:
+        super().__init__(message, code=code, as_json=as_json, more=more)
 
 
 def cli_error(
-    message: str, exit_code: int, *, code: str = "command_failed", as_json: bool = False
+    message: str,
+    exit_code: int,
+    *,
+    code: str = "command_failed",
+    as_json: bool = False,
+    more: Sequence[str] = (),
 ) -> CliError:
     """A :class:`CliError` (or :class:`InvalidInputError`) for ``exit_code``."""
     if exit_code == EXIT_INVALID:
-        return InvalidInputError(message, code=code, as_json=as_json)
-    return CliError(message, code=code, as_json=as_json)
+        return InvalidInputError(message, code=code, as_json=as_json, more=more)
+    return CliError(message, code=code, as_json=as_json, more=more)
+
+
+def problem_lines(error: BaseException) -> list[str]:
+    """Each problem of an invalid pipeline file as one line (others: ``[]``).
+
+    Bounded by :data:`~dagwerk.pipeline_file.MAX_REPORTED_PROBLEMS`; a last
+    line counts the problems left out."""
+    from dagwerk.pipeline_file import PipelineFileError
+
+    if not isinstance(error, PipelineFileError) or len(error.problems) < 2:
+        return []
+    lines = [safe_line(str(problem)) for problem in error.problems]
+    left_out = error.problem_count - len(error.problems)
+    if left_out > 0:
+        lines.append(f"{error.path}: and {left_out} more problems (the first {len(lines)} shown)")
+    return lines
 
 
 def error_code(error: BaseException) -> str:
@@ -145,11 +184,13 @@ class DagwerkGroup(click.Group):
             if ctx.params.get("debug"):
                 raise
             message, exit_code = describe_error(error)
+            problems = problem_lines(error)
             raise cli_error(
-                message,
+                problems[0] if problems else message,
                 exit_code,
                 code=error_code(error),
                 as_json=bool(ctx.meta.get(JSON_OUTPUT)),
+                more=problems[1:],
             ) from error
 
 
