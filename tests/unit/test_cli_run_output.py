@@ -75,3 +75,48 @@ def test_run_and_outputs_print_nested_outputs_as_json(tmp_path: Path) -> None:
     unknown = runner.invoke(cli, ["outputs", run_id, "--node", "nope", "--db", db])
     assert unknown.exit_code == 2
     assert "has no node 'nope' (nodes: customers)" in unknown.stderr
+
+
+LOGGING_PLUGINS = '''
+import dagwerk
+
+@dagwerk.plugin("logging_say")
+def say(inputs, ctx):
+    ctx.logger.info("hello from the plugin")
+    ctx.logger.debug("a detail")
+    return {"said": True}
+'''
+
+LOGGING_PIPELINE = """
+name: logging
+plugins: [logging_plugins]
+nodes:
+  - slug: say
+    plugin: logging_say
+"""
+
+
+def test_run_and_worker_print_task_logger_messages_by_level(tmp_path: Path) -> None:
+    pipeline = _pipeline(tmp_path, "logging_plugins", LOGGING_PLUGINS, LOGGING_PIPELINE)
+    db = f"sqlite:///{tmp_path / 'logging.db'}"
+    runner = CliRunner()
+    ran = runner.invoke(cli, ["run", pipeline, "--db", db])
+    assert ran.exit_code == 0, ran.output
+    (line,) = [line for line in ran.stderr.splitlines() if "hello from the plugin" in line]
+    assert " INFO dagwerk.task.logging_say: hello from the plugin" in line
+    assert "a detail" not in ran.stderr
+
+    debug = runner.invoke(cli, ["run", pipeline, "--db", db, "--log-level", "debug"])
+    assert "a detail" in debug.stderr
+    quiet = runner.invoke(cli, ["run", pipeline, "--db", db, "--log-level", "off"])
+    assert "hello from the plugin" not in quiet.stderr
+
+    submitted = runner.invoke(cli, ["submit", pipeline, "--db", db])
+    assert submitted.exit_code == 0, submitted.output
+    worked = runner.invoke(cli, ["worker", "--pipeline", pipeline, "--db", db, "--burst"])
+    assert worked.exit_code == 0, worked.output
+    assert "INFO dagwerk.task.logging_say: hello from the plugin" in worked.stderr
+    warning = runner.invoke(
+        cli, ["run", pipeline, "--db", db], env={"DAGWERK_LOG_LEVEL": "warning"}
+    )
+    assert warning.exit_code == 0 and "hello from the plugin" not in warning.stderr

@@ -7,8 +7,10 @@ functions so that ``dagwerk --help`` stays quick.
 from __future__ import annotations
 
 import json
+import logging
 import sys
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
@@ -31,10 +33,12 @@ __all__ = [
     "json_option",
     "json_text",
     "last_nodes",
+    "log_level_option",
     "open_engine",
     "parse_json_argument",
     "read_run_input",
     "render_table",
+    "task_logging",
 ]
 
 F = TypeVar("F", bound=Callable[..., Any])
@@ -184,3 +188,65 @@ def render_table(title: str, headers: Sequence[str], rows: Sequence[Sequence[obj
     click.echo("  " + "  ".join(h.ljust(w) for h, w in zip(headers, widths, strict=True)).rstrip())
     for row in cells:
         click.echo("  " + "  ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)).rstrip())
+
+
+LOG_LEVELS = ("debug", "info", "warning", "error", "off")
+
+
+def log_level_option(fn: F) -> F:
+    """``--log-level LEVEL`` (also ``DAGWERK_LOG_LEVEL``), default ``info``."""
+    return click.option(
+        "--log-level",
+        "log_level",
+        type=click.Choice(LOG_LEVELS, case_sensitive=False),
+        default="info",
+        show_default=True,
+        envvar="DAGWERK_LOG_LEVEL",
+        help=(
+            "Print plugins' ctx.logger messages from this level on stderr "
+            "(dagwerk's own from warning, or debug with debug)."
+        ),
+    )(fn)
+
+
+class _EchoHandler(logging.Handler):
+    """Writes records to the stderr of the moment (a live display may wrap it)."""
+
+    def emit(self, record: logging.LogRecord) -> None:
+        try:
+            click.echo(safe_line(self.format(record)), err=True)
+        except Exception:
+            self.handleError(record)
+
+
+@contextmanager
+def task_logging(level_name: str) -> Iterator[None]:
+    """Show task loggers (``dagwerk.task.*``, a plugin's ``ctx.logger``) from
+    ``level_name`` and dagwerk's own loggers from WARNING (DEBUG with
+    ``debug``) on stderr while the block runs; ``off`` shows none."""
+    dagwerk_logger = logging.getLogger("dagwerk")
+    task_logger = logging.getLogger("dagwerk.task")
+    saved = (dagwerk_logger.level, task_logger.level, dagwerk_logger.propagate)
+    handler: logging.Handler = _EchoHandler()
+    handler.setFormatter(
+        logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s", "%H:%M:%S")
+    )
+    if level_name.lower() == "off":
+        handler = logging.NullHandler()
+        task_level = own_level = logging.CRITICAL + 1
+    else:
+        task_level = logging.getLevelNamesMapping()[level_name.upper()]
+        own_level = logging.DEBUG if task_level == logging.DEBUG else logging.WARNING
+    dagwerk_logger.setLevel(own_level)
+    task_logger.setLevel(task_level)
+    dagwerk_logger.addHandler(handler)
+    # The handler prints dagwerk's records once; an application's root
+    # handler does not print them again.
+    dagwerk_logger.propagate = False
+    try:
+        yield
+    finally:
+        dagwerk_logger.removeHandler(handler)
+        dagwerk_logger.setLevel(saved[0])
+        task_logger.setLevel(saved[1])
+        dagwerk_logger.propagate = saved[2]

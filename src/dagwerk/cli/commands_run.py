@@ -21,8 +21,10 @@ from dagwerk.cli.commands_common import (
     json_option,
     json_text,
     last_nodes,
+    log_level_option,
     open_engine,
     read_run_input,
+    task_logging,
 )
 
 if TYPE_CHECKING:
@@ -115,6 +117,7 @@ class _PlainProgress:
 @_plugins_option
 @click.option("--timeout", type=click.FloatRange(min=0, min_open=True), help="Give up after S s.")
 @click.option("--run-id", help="Use this run ID (default: a fresh one).")
+@log_level_option
 @json_option
 def run(
     *,
@@ -128,6 +131,7 @@ def run(
     timeout: float | None,
     run_id: str | None,
     as_json: bool,
+    log_level: str = "info",
 ) -> None:
     """Run a pipeline file to the end in this process and print the result.
 
@@ -142,6 +146,7 @@ def run(
       dagwerk run examples/pipelines/etl.yaml --input '{"since": "2024-06-01"}' --json
     """
     run_input = read_run_input(input_text, input_file)
+    click.get_current_context().with_resource(task_logging(log_level))
     with open_engine(db) as engine:
         pipeline = _load(pipeline_file, engine, plugin_modules)
         _check_plugins(pipeline, engine)
@@ -270,6 +275,7 @@ def submit(
     show_default=True,
     help="Seconds between backstop passes (0: no backstop in this worker).",
 )
+@log_level_option
 def worker(
     *,
     db: str,
@@ -280,6 +286,7 @@ def worker(
     burst: bool,
     metrics_port: int | None = None,
     backstop_interval: float = 30.0,
+    log_level: str = "info",
 ) -> None:
     """Serve the database's queue: run the tasks of every run stored there.
 
@@ -297,6 +304,7 @@ def worker(
     from dagwerk.pipeline_file import load_pipeline
     from dagwerk.runtime.heap import freeze_startup_heap
 
+    click.get_current_context().with_resource(task_logging(log_level))
     with open_engine(db) as engine:
         for pipeline_file in pipelines:
             pipeline = load_pipeline(pipeline_file)
