@@ -25,6 +25,7 @@ if TYPE_CHECKING:
     from dagwerk.models import DagNode
 
 __all__ = [
+    "DEFAULT_DB",
     "db_option",
     "echo_json",
     "exit_code_for",
@@ -43,6 +44,9 @@ __all__ = [
 
 F = TypeVar("F", bound=Callable[..., Any])
 
+DEFAULT_DB = "sqlite:///dagwerk.db"
+"""The ``--db`` of every command unless ``--db`` or ``DAGWERK_DB`` says otherwise."""
+
 DB_HELP = "Database URL: sqlite:///path.db (default ./dagwerk.db), memory:// or postgresql://..."
 
 
@@ -52,7 +56,7 @@ def db_option(fn: F) -> F:
         "--db",
         "db",
         envvar="DAGWERK_DB",
-        default="sqlite:///dagwerk.db",
+        default=DEFAULT_DB,
         show_default=True,
         metavar="URL",
         help=DB_HELP + " Also DAGWERK_DB.",

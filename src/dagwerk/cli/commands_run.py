@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
+import shlex
 import signal
 import sys
 import threading
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from types import FrameType
 from typing import TYPE_CHECKING
@@ -14,6 +15,7 @@ import click
 
 from dagwerk.cli.app import InvalidInputError, safe_line
 from dagwerk.cli.commands_common import (
+    DEFAULT_DB,
     db_option,
     echo_json,
     exit_code_for,
@@ -26,6 +28,7 @@ from dagwerk.cli.commands_common import (
     read_run_input,
     task_logging,
 )
+from dagwerk.constants import RUN_TERMINAL_STATUSES, TaskStatus
 
 if TYPE_CHECKING:
     from dagwerk.engine import Engine, RunProgress, RunResult
@@ -34,6 +37,9 @@ if TYPE_CHECKING:
 __all__ = ["run", "submit", "worker"]
 
 _PIPELINE = click.Path(dir_okay=False, path_type=str)
+
+EXIT_INTERRUPTED = 130
+"""``run`` stopped by Ctrl-C (128 + SIGINT, as shells report it)."""
 _EXECUTORS = click.Choice(["thread", "process", "async"])
 
 
@@ -94,18 +100,98 @@ def _print_result(result: RunResult, pipeline: Pipeline) -> None:
         click.echo(f"  inspect: dagwerk show {result.run_id}; retry: dagwerk retry {result.run_id}")
 
 
+MAX_WAIT_NOTICES = 10
+"""``run`` names at most this many waiting tasks; ``show --tasks`` lists them all."""
+
+
+def _db_argument(db: str) -> str:
+    return "" if db == DEFAULT_DB else f" --db {shlex.quote(db)}"
+
+
+class _WaitNotices:
+    """Says, once per wait, which task waits and the command that resumes it."""
+
+    def __init__(self, engine: Engine, db: str, echo: Callable[[str], None]) -> None:
+        self._engine = engine
+        self._db = db
+        self._echo = echo
+        self._seen: set[tuple[str, str]] = set()
+        self._counts: object = None
+
+    def __call__(self, progress: RunProgress) -> None:
+        counts = dict(progress.tasks)
+        if counts == self._counts:
+            return
+        self._counts = counts
+        if not progress.count(TaskStatus.WAITING):
+            return
+        nodes = self._engine.nodes(progress.run_id)
+        waiting = [
+            task
+            for task in self._engine.list_tasks(progress.run_id)
+            if task.status is TaskStatus.WAITING and task.active_wait_id
+        ]
+        new = [t for t in waiting if (t.task_id, t.active_wait_id) not in self._seen]
+        shown = len(self._seen)
+        for task in new:
+            wait_id = str(task.active_wait_id)
+            self._seen.add((task.task_id, wait_id))
+            if shown >= MAX_WAIT_NOTICES:
+                continue
+            shown += 1
+            command = (
+                f"dagwerk resume {shlex.quote(task.task_id)} {shlex.quote(wait_id)}"
+                f"{_db_argument(self._db)}"
+            )
+            self._echo(
+                safe_line(
+                    f"waiting: task {task.task_id} (node {nodes[task.node_index].slug}) "
+                    f"on {wait_id}; resume it from another terminal: {command} "
+                    "(add --response JSON to answer)"
+                )
+            )
+        hidden = len(self._seen) - shown
+        if new and hidden > 0:
+            self._echo(
+                f"waiting: {hidden} more tasks wait; list them: dagwerk show "
+                f"{progress.run_id} --tasks --status waiting{_db_argument(self._db)}"
+            )
+
+
 class _PlainProgress:
     """Prints the progress line whenever it changes (pipes, files, CI logs)."""
 
-    def __init__(self, err: bool) -> None:
+    def __init__(self, err: bool, waits: _WaitNotices) -> None:
         self._last = ""
         self._err = err
+        self._waits = waits
 
     def __call__(self, progress: RunProgress) -> None:
         line = progress.summary()
         if line != self._last:
             self._last = line
             click.echo(f"[{progress.run_id}] {line}", err=self._err)
+        self._waits(progress)
+
+
+def _interrupted(engine: Engine, run_id: str, db: str, pipeline_file: str) -> None:
+    """What Ctrl-C during ``run`` leaves behind, and how to go on or stop."""
+    record = engine.get_run(run_id)
+    if record is None:
+        click.echo("interrupted before the run was stored; nothing to clean up", err=True)
+        return
+    if record.status in RUN_TERMINAL_STATUSES:
+        click.echo(f"interrupted: run {run_id} is {record.status.value}", err=True)
+        return
+    where = _db_argument(db)
+    click.echo(
+        safe_line(
+            f"interrupted: run {run_id} stays {record.status.value} in the database; "
+            f"a worker goes on with it: dagwerk worker --pipeline {shlex.quote(pipeline_file)}"
+            f"{where}; cancel it: dagwerk cancel {run_id}{where}"
+        ),
+        err=True,
+    )
 
 
 @click.command()
@@ -145,31 +231,40 @@ def run(
       dagwerk run examples/pipelines/etl.yaml
       dagwerk run examples/pipelines/etl.yaml --input '{"since": "2024-06-01"}' --json
     """
+    from dagwerk.engine import new_run_id
+
     run_input = read_run_input(input_text, input_file)
     click.get_current_context().with_resource(task_logging(log_level))
+    run_id = run_id if run_id is not None else new_run_id()
     with open_engine(db) as engine:
         pipeline = _load(pipeline_file, engine, plugin_modules)
         _check_plugins(pipeline, engine)
-        if is_terminal() and not as_json:
-            result = _run_with_live_display(
-                engine,
-                pipeline,
-                run_input=run_input,
-                workers=workers,
-                executor=executor,
-                timeout=timeout,
-                run_id=run_id,
-            )
-        else:
-            result = engine.run(
-                pipeline,
-                run_input,
-                workers=workers,
-                executor=executor,
-                timeout=timeout,
-                run_id=run_id,
-                on_progress=_PlainProgress(err=as_json),
-            )
+        try:
+            if is_terminal() and not as_json:
+                result = _run_with_live_display(
+                    engine,
+                    pipeline,
+                    db=db,
+                    run_input=run_input,
+                    workers=workers,
+                    executor=executor,
+                    timeout=timeout,
+                    run_id=run_id,
+                )
+            else:
+                waits = _WaitNotices(engine, db, lambda line: click.echo(line, err=as_json))
+                result = engine.run(
+                    pipeline,
+                    run_input,
+                    workers=workers,
+                    executor=executor,
+                    timeout=timeout,
+                    run_id=run_id,
+                    on_progress=_PlainProgress(err=as_json, waits=waits),
+                )
+        except KeyboardInterrupt:
+            _interrupted(engine, run_id, db, pipeline_file)
+            sys.exit(EXIT_INTERRUPTED)
         if as_json:
             echo_json(result.to_json())
         else:
@@ -181,6 +276,7 @@ def _run_with_live_display(
     engine: Engine,
     pipeline: Pipeline,
     *,
+    db: str,
     run_input: dict[str, object] | None,
     workers: int,
     executor: str,
@@ -192,8 +288,10 @@ def _run_with_live_display(
     columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn())
     with Progress(*columns, transient=False) as display:
         bar = display.add_task(f"{pipeline.name}: starting", total=len(pipeline.nodes))
+        waits = _WaitNotices(engine, db, lambda line: display.console.print(line, markup=False))
 
         def update(progress: RunProgress) -> None:
+            waits(progress)
             display.update(
                 bar,
                 completed=progress.nodes_settled,
