@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import shlex
 from typing import TYPE_CHECKING, Any
 
 import click
 
 from dagwerk.cli.app import safe_line
 from dagwerk.cli.commands_common import (
+    DEFAULT_DB,
     db_option,
     echo_json,
     format_time,
@@ -18,6 +20,7 @@ from dagwerk.cli.commands_common import (
     render_table,
 )
 from dagwerk.cli.composite import describe_composite, render_composite
+from dagwerk.constants import TaskStatus
 
 if TYPE_CHECKING:
     from dagwerk.engine import Engine
@@ -26,6 +29,7 @@ if TYPE_CHECKING:
 __all__ = ["outputs", "runs", "show"]
 
 _STATUSES = ["pending", "running", "completed", "failed", "crashed", "cancelled"]
+_TASK_STATUSES = [status.value for status in TaskStatus]
 
 
 @click.command()
@@ -174,17 +178,78 @@ def describe_run(engine: Engine, run_id: str) -> dict[str, Any]:
     }
 
 
+MAX_LISTED = 10
+"""The summary of ``show`` lists at most this many waits and failed attempts."""
+
+
+def _duration(seconds: float | None) -> str:
+    if seconds is None:
+        return "-"
+    if seconds < 60:
+        return f"{seconds:.1f}s"
+    minutes, rest = divmod(int(seconds), 60)
+    hours, minutes = divmod(minutes, 60)
+    return f"{hours}h{minutes:02d}m{rest:02d}s" if hours else f"{minutes}m{rest:02d}s"
+
+
+def _run_line(run: dict[str, Any]) -> str:
+    name = f" ({run['pipeline']})" if run.get("pipeline") else ""
+    took = ""
+    if run["finished_at"] is not None and run["created_at"]:
+        took = f", took {_duration(run['finished_at'] - run['created_at'])}"
+    return (
+        f"run {run['run_id']}{name}: {run['status']} "
+        f"(nodes {run['settled_nodes']}/{run['node_count']}, "
+        f"policy {run['failure_policy']}, retries {run['retry_count']}), "
+        f"created {format_time(run['created_at'])}{took}"
+    )
+
+
+def _more(count: int, what: str, command: str) -> None:
+    if count > 0:
+        click.echo(safe_line(f"... and {count} more {what}: {command}"))
+
+
 @click.command()
 @click.argument("run_id", metavar="RUN")
 @db_option
 @click.option("--why", is_flag=True, help="Explain per node why it has (not) run.")
+@click.option("--tasks", "list_tasks", is_flag=True, help="List the tasks, one per line.")
+@click.option(
+    "--node",
+    "node_filter",
+    multiple=True,
+    metavar="SLUG",
+    help="With --tasks (or --json): only this node's tasks; repeatable.",
+)
+@click.option(
+    "--status",
+    "status_filter",
+    multiple=True,
+    type=click.Choice(_TASK_STATUSES),
+    help="With --tasks (or --json): only tasks with this status; repeatable.",
+)
 @json_option
-def show(run_id: str, db: str, as_json: bool, why: bool = False) -> None:
-    """Show a run: its nodes and their dispositions, tasks, attempts, errors and waits.
+def show(
+    *,
+    run_id: str,
+    db: str,
+    as_json: bool,
+    why: bool = False,
+    list_tasks: bool = False,
+    node_filter: tuple[str, ...] = (),
+    status_filter: tuple[str, ...] = (),
+) -> None:
+    """Show a run: its nodes with their task counts, waits, failures and dead letters.
+
+    The summary has one line per node; --tasks lists the tasks (filtered with
+    --node and --status), each with its attempt, error or wait. --json
+    prints everything (all tasks unless filtered).
 
     \b
     Examples:
       dagwerk show run-1f2e3d4c5b6a7980
+      dagwerk show run-1f2e3d4c5b6a7980 --tasks --node score --status failed
       dagwerk show run-1f2e3d4c5b6a7980 --json | jq '.tasks[] | select(.error)'
       dagwerk show run-1f2e3d4c5b6a7980 --why
     """
@@ -196,19 +261,54 @@ def show(run_id: str, db: str, as_json: bool, why: bool = False) -> None:
         return
     with open_engine(db, create=False) as engine:
         described = describe_run(engine, run_id)
+    slugs = [node["slug"] for node in described["nodes"]]
+    unknown = [slug for slug in node_filter if slug not in slugs]
+    if unknown:
+        from dagwerk.engine import UnknownNodeError
+
+        raise UnknownNodeError(
+            f"run {run_id!r} has no node {unknown[0]!r} (nodes: {', '.join(slugs)})",
+            field="nodes",
+        )
+    tasks = [
+        task
+        for task in described["tasks"]
+        if (not node_filter or task["node"] in node_filter)
+        and (not status_filter or task["status"] in status_filter)
+    ]
     if as_json:
-        echo_json(described)
+        echo_json({**described, "tasks": tasks})
         return
     run = described["run"]
-    click.echo(
-        safe_line(
-            f"run {run['run_id']}: {run['status']} "
-            f"(nodes {run['settled_nodes']}/{run['node_count']}, "
-            f"policy {run['failure_policy']}, retries {run['retry_count']})"
-        )
-    )
+    click.echo(safe_line(_run_line(run)))
     if run["error"]:
         click.echo(safe_line(f"error: {run['error']}"))
+    if list_tasks or node_filter or status_filter:
+        _print_tasks(tasks)
+        return
+    _print_summary(described, db)
+
+
+def _print_tasks(tasks: list[dict[str, Any]]) -> None:
+    render_table(
+        "tasks",
+        ("task", "node", "status", "attempt", "error / wait"),
+        [
+            (
+                t["task_id"],
+                t["node"],
+                t["status"],
+                t["attempt"] if t["attempt"] is not None else t["attempt_id"],
+                t["error"] or (f"waiting on {t['waiting_on']}" if t["waiting_on"] else None),
+            )
+            for t in tasks
+        ],
+    )
+
+
+def _print_summary(described: dict[str, Any], db: str) -> None:
+    run_id = described["run"]["run_id"]
+    where = "" if db == DEFAULT_DB else f" --db {shlex.quote(db)}"
     render_table(
         "nodes",
         ("node", "plugin", "mode", "disposition", "gen", "tasks"),
@@ -224,35 +324,37 @@ def show(run_id: str, db: str, as_json: bool, why: bool = False) -> None:
             for n in described["nodes"]
         ],
     )
-    render_table(
-        "tasks",
-        ("task", "node", "status", "attempt", "error / wait"),
-        [
-            (
-                t["task_id"],
-                t["node"],
-                t["status"],
-                t["attempt"] if t["attempt"] is not None else t["attempt_id"],
-                t["error"] or (f"waiting on {t['waiting_on']}" if t["waiting_on"] else None),
-            )
-            for t in described["tasks"]
-        ],
-    )
     failed_attempts = [
-        (t["task_id"], a["number"], a["status"], a["error"])
+        (t["task_id"], t["node"], a["number"], a["status"], a["error"])
         for t in described["tasks"]
         for a in (t["attempts"] or [])
         if a["error"]
     ]
     if failed_attempts:
-        render_table("failed attempts", ("task", "attempt", "status", "error"), failed_attempts)
-    for wait in described["waits"]:
+        render_table(
+            "failed attempts",
+            ("task", "node", "attempt", "status", "error"),
+            failed_attempts[:MAX_LISTED],
+        )
+        _more(
+            len(failed_attempts) - MAX_LISTED,
+            "failed attempts",
+            f"dagwerk show {run_id} --json{where}",
+        )
+    waits = described["waits"]
+    for wait in waits[:MAX_LISTED]:
         click.echo(
             safe_line(
                 f"waiting: task {wait['task_id']} ({wait['node']}) on {wait['wait_id']}; "
-                f"resume: dagwerk resume {wait['task_id']} {wait['wait_id']} --response JSON"
+                f"resume: dagwerk resume {wait['task_id']} {wait['wait_id']}{where} "
+                "--response JSON"
             )
         )
+    _more(
+        len(waits) - MAX_LISTED,
+        "waiting tasks",
+        f"dagwerk show {run_id} --tasks --status waiting{where}",
+    )
     if described["dead_letters"]:
         render_table(
             "dead letters",
@@ -263,6 +365,10 @@ def show(run_id: str, db: str, as_json: bool, why: bool = False) -> None:
             ],
         )
     render_composite(described)
+    if described["tasks"]:
+        click.echo(
+            f"tasks: dagwerk show {run_id} --tasks [--node SLUG] [--status STATUS]{where}"
+        )
 
 
 @click.command()

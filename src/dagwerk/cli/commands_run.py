@@ -433,7 +433,12 @@ def worker(
         freeze_startup_heap()
         if burst:
             handled = serving.run_until_idle()
-            click.echo(f"worker {serving.worker_id}: handled {handled} deliveries", err=True)
+            attempts = f"{handled} task attempt" + ("" if handled == 1 else "s")
+            click.echo(
+                f"worker {serving.worker_id}: no work left after {attempts} "
+                "(retries and resumes count as attempts)",
+                err=True,
+            )
             return
         stop = threading.Event()
 
