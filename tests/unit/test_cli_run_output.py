@@ -120,3 +120,21 @@ def test_run_and_worker_print_task_logger_messages_by_level(tmp_path: Path) -> N
         cli, ["run", pipeline, "--db", db], env={"DAGWERK_LOG_LEVEL": "warning"}
     )
     assert warning.exit_code == 0 and "hello from the plugin" not in warning.stderr
+
+
+def test_runs_and_show_name_the_pipeline(tmp_path: Path) -> None:
+    pipeline = _pipeline(tmp_path, "nested_output_plugins", NESTED_PLUGINS, NESTED_PIPELINE)
+    db = f"sqlite:///{tmp_path / 'named.db'}"
+    runner = CliRunner()
+    run_id = json.loads(runner.invoke(cli, ["run", pipeline, "--db", db, "--json"]).stdout)[
+        "run_id"
+    ]
+    listed = runner.invoke(cli, ["runs", "--db", db])
+    assert listed.exit_code == 0, listed.output
+    header, row = listed.stdout.splitlines()[1:3]
+    assert header.split()[:3] == ["run", "pipeline", "status"]
+    assert row.split()[:3] == [run_id, "nested", "completed"]
+    (record,) = json.loads(runner.invoke(cli, ["runs", "--db", db, "--json"]).stdout)
+    assert record["pipeline"] == "nested"
+    shown = runner.invoke(cli, ["show", run_id, "--db", db])
+    assert shown.stdout.startswith(f"run {run_id} (nested): completed (nodes 1/1, ")

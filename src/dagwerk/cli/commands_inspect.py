@@ -61,6 +61,7 @@ def runs(db: str, status: str | None, limit: int, as_json: bool, stalled: bool =
     rows = [
         (
             r.run_id,
+            r.pipeline,
             r.status.value,
             f"{r.settled_nodes}/{r.node_count}",
             r.retry_count,
@@ -69,12 +70,15 @@ def runs(db: str, status: str | None, limit: int, as_json: bool, stalled: bool =
         )
         for r in records
     ]
-    render_table("runs", ("run", "status", "nodes", "retries", "created", "error"), rows)
+    render_table(
+        "runs", ("run", "pipeline", "status", "nodes", "retries", "created", "error"), rows
+    )
 
 
 def _run_json(record: Any) -> dict[str, Any]:
     return {
         "run_id": record.run_id,
+        "pipeline": record.pipeline,
         "status": record.status.value,
         "failure_policy": record.failure_policy.value,
         "retry_count": record.retry_count,

@@ -230,13 +230,16 @@ class Engine:
         input and output bytes and cost; child runs draw on it too.
 
         For a :class:`~dagwerk.pipelines.loader.Pipeline`, ``input`` is laid
-        over the pipeline's ``defaults`` and ``failure_policy`` defaults to the
-        pipeline's; otherwise to ``fail_fast``. An existing ``run_id`` raises
+        over the pipeline's ``defaults``, ``failure_policy`` defaults to the
+        pipeline's (otherwise to ``fail_fast``) and the run records the
+        pipeline's name (``RunRecord.pipeline``). An existing ``run_id`` raises
         :class:`RunExistsError`; invalid nodes or input raise ``ValueError``
         before anything is written.
         """
         defaults: dict[str, object] = {}
+        pipeline_name: str | None = None
         if isinstance(nodes, Pipeline):
+            pipeline_name = nodes.name or None
             thawed = thaw_json(nodes.defaults)
             assert isinstance(thawed, dict)
             defaults = dict(thawed)
@@ -256,7 +259,7 @@ class Engine:
         run_input: dict[str, object] = dict(merged)
         run_id = run_id if run_id is not None else new_run_id()
         if not self._store.create_run(
-            run_id, node_list, run_input=run_input, failure_policy=policy
+            run_id, node_list, run_input=run_input, failure_policy=policy, pipeline=pipeline_name
         ):
             raise RunExistsError(f"run {run_id!r} already exists", field="run_id")
         # The budget is set while the run is PENDING, so no task runs outside it.
