@@ -1,8 +1,9 @@
 """The ``dagwerk`` command group and its error handling.
 
-Errors reach the user as one line on stderr (``error: ...``), never as a
-traceback unless ``--debug`` (or ``DAGWERK_DEBUG=1``) is given; a command
-given ``--json`` prints its error as a JSON object on stdout instead
+Errors reach the user as one line on stderr (``error: ...``; an invalid
+pipeline file gets one such line per problem), never as a traceback unless
+``--debug`` (or ``DAGWERK_DEBUG=1``) is given. A command given ``--json``
+prints its error as a JSON object on stdout instead
 (``{"error": {"message": ..., "code": ..., "exit_code": ...}}``). Exit codes:
 0 success, 1 a failure that is not the input's fault, 2 invalid input
 (usage errors, invalid pipeline files, anything raised as ``ValueError``).

@@ -37,10 +37,10 @@ if TYPE_CHECKING:
 __all__ = ["run", "submit", "worker"]
 
 _PIPELINE = click.Path(dir_okay=False, path_type=str)
+_EXECUTORS = click.Choice(["thread", "process", "async"])
 
 EXIT_INTERRUPTED = 130
 """``run`` stopped by Ctrl-C (128 + SIGINT, as shells report it)."""
-_EXECUTORS = click.Choice(["thread", "process", "async"])
 
 
 def _plugins_option(fn: click.decorators.FC) -> click.decorators.FC:
@@ -225,6 +225,8 @@ def run(
     the outputs of the last nodes. Exits 0 when the run COMPLETED, 1 when it
     FAILED, CRASHED or was CANCELLED, 2 for invalid input. The run is stored
     in --db, so `dagwerk show` and `dagwerk retry` work on it afterwards.
+    A task that waits is named with the `dagwerk resume` command that
+    resumes it; Ctrl-C (exit 130) leaves the run running for a worker.
 
     \b
     Examples:
