@@ -170,6 +170,9 @@ def test_invalid_input_exits_2_with_one_line(cli: Cli, tmp_path: Path) -> None:
 
 
 def test_unknown_run_is_one_line_and_debug_shows_the_traceback(cli: Cli) -> None:
+    from dagwerk.engine import Engine
+
+    Engine(cli.db).close()  # the database exists; the run does not
     plain = cli("show", "no-such-run")
     assert plain.returncode == 1
     assert plain.stderr == "error: run 'no-such-run' does not exist\n"
