@@ -1,4 +1,4 @@
--- dagwerk PostgreSQL schema, version 7: a run records its pipeline's name.
+-- dagwerk PostgreSQL schema, version 8: a run records its pipeline's name.
 --
 -- ``pipeline`` is the name of the pipeline file's pipeline the run was
 -- submitted from, for people listing runs (``dagwerk runs``); NULL for runs
