@@ -14,6 +14,7 @@ from types import MappingProxyType
 
 from dagwerk.constants import (
     MAX_OUTPUTS_PER_TASK_COMPLETION,
+    MAX_PIPELINE_NAME_LENGTH,
     MAX_TASK_COMPLETION_ROUTING_BYTES,
     MAX_WAIT_ID_LENGTH,
     FailurePolicy,
@@ -97,6 +98,23 @@ def validate_wait_id(wait_id: object, *, limit: int = MAX_WAIT_ID_LENGTH) -> Non
         )
     if "\x00" in wait_id:
         raise InvalidStoreValueError("wait ID must not contain NUL", field="wait_id")
+
+
+def validate_pipeline_name(name: object) -> None:
+    """A run's pipeline name is ``None`` or a ``str`` of at most
+    :data:`MAX_PIPELINE_NAME_LENGTH` characters without NUL."""
+    if name is None:
+        return
+    if not isinstance(name, str):
+        raise InvalidStoreValueError("pipeline name must be a string", field="pipeline")
+    if len(name) > MAX_PIPELINE_NAME_LENGTH:
+        raise InvalidStoreValueError(
+            f"pipeline name is {len(name)} characters; maximum is {MAX_PIPELINE_NAME_LENGTH}",
+            field="pipeline",
+            limit=MAX_PIPELINE_NAME_LENGTH,
+        )
+    if "\x00" in name:
+        raise InvalidStoreValueError("pipeline name must not contain NUL", field="pipeline")
 
 
 def _check_count(value: object, name: str) -> int:
@@ -454,6 +472,8 @@ class RunRecord:
     settled_nodes: int
     created_at: float = 0.0
     finished_at: float | None = None
+    pipeline: str | None = None
+    """The name of the pipeline the run was submitted from (``None``: not told)."""
 
 
 @dataclass(frozen=True, slots=True)

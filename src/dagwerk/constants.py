@@ -139,6 +139,8 @@ MAX_FILTER_RULES_PER_EDGE: Final = 64
 MAX_FILTER_MEMBERSHIP_VALUES: Final = 256
 MAX_OUTPUT_ID_LENGTH: Final = 512
 MAX_WAIT_ID_LENGTH: Final = 512
+MAX_PIPELINE_NAME_LENGTH: Final = 512
+"""The longest pipeline name a run records (``RunRecord.pipeline``)."""
 
 # --- fan-out and fan-in (dagwerk goes beyond the seed: decisions.md) -----
 MAX_TASK_PLANS_PER_LAUNCH: Final = 100_000

@@ -12,6 +12,7 @@ from dagwerk.pipelines.loader import Pipeline, load_pipeline, parse_pipeline
 from dagwerk.pipelines.source import (
     MAX_PIPELINE_FILE_BYTES,
     MAX_PIPELINE_NESTING,
+    MAX_REPORTED_PROBLEMS,
     PipelineFileError,
 )
 from dagwerk.pipelines.spec import MAX_PIPELINE_NODES, PipelineSpec, pipeline_json_schema
@@ -20,6 +21,7 @@ __all__ = [
     "MAX_PIPELINE_FILE_BYTES",
     "MAX_PIPELINE_NESTING",
     "MAX_PIPELINE_NODES",
+    "MAX_REPORTED_PROBLEMS",
     "Pipeline",
     "PipelineFileError",
     "PipelineSpec",

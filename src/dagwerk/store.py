@@ -69,6 +69,7 @@ from dagwerk._store_types import (
     TaskWaitResult,
     validate_output_batch_routing_size,
     validate_output_batch_size,
+    validate_pipeline_name,
     validate_plugin_names,
     validate_queue_names,
     validate_run_preference,
@@ -146,6 +147,7 @@ __all__ = [
     "WorkerRecord",
     "validate_output_batch_routing_size",
     "validate_output_batch_size",
+    "validate_pipeline_name",
     "validate_plugin_names",
     "validate_queue_names",
     "validate_run_preference",
@@ -410,11 +412,14 @@ class DagRunStore(Protocol):
         *,
         run_input: Mapping[str, object] | None = None,
         failure_policy: FailurePolicy | str = FailurePolicy.FAIL_FAST,
+        pipeline: str | None = None,
     ) -> bool:
         """Store a PENDING run with a validated copy of its nodes and frozen input.
 
-        Returns False (no change) if the run id exists; invalid nodes, input or
-        policy raise typed errors before any write."""
+        ``pipeline`` is the name of the pipeline it comes from, kept for
+        people (``RunRecord.pipeline``); it changes nothing else. Returns
+        False (no change) if the run id exists; invalid nodes, input, policy
+        or pipeline name raise typed errors before any write."""
         ...
 
     def get_run(self, run_id: str) -> RunRecord | None:

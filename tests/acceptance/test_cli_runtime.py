@@ -5,9 +5,11 @@ from __future__ import annotations
 
 import json
 import os
+import shlex
 import signal
 import subprocess
 import sys
+import threading
 from pathlib import Path
 from typing import Any
 
@@ -168,6 +170,9 @@ def test_invalid_input_exits_2_with_one_line(cli: Cli, tmp_path: Path) -> None:
 
 
 def test_unknown_run_is_one_line_and_debug_shows_the_traceback(cli: Cli) -> None:
+    from dagwerk.engine import Engine
+
+    Engine(cli.db).close()  # the database exists; the run does not
     plain = cli("show", "no-such-run")
     assert plain.returncode == 1
     assert plain.stderr == "error: run 'no-such-run' does not exist\n"
@@ -311,3 +316,46 @@ def test_the_correlation_example_joins_each_customers_orders(cli: Cli) -> None:
     assert (
         str(report.fields["text"]).splitlines()[0] == "acme (gold): 3 orders, 1175 in all, 1 large"
     )
+
+
+def test_run_of_a_waiting_pipeline_names_the_resume_command_and_ctrl_c_keeps_the_run(
+    cli: Cli,
+) -> None:
+    process = subprocess.Popen(
+        [sys.executable, "-m", "dagwerk", "run", APPROVAL, "--input", '{"topic": "wait"}'],
+        cwd=cli.cwd,
+        env=cli.env(),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    assert process.stdout is not None
+    # A run that never names the wait would block the read below: kill it then.
+    guard = threading.Timer(120, process.kill)
+    guard.start()
+    waiting = ""
+    try:
+        for line in process.stdout:  # blocks until the run prints the wait
+            if line.startswith("waiting: task "):
+                waiting = line
+                break
+    finally:
+        guard.cancel()
+    assert waiting, "run never said which task waits"
+    process.send_signal(signal.SIGINT)
+    _, err = process.communicate(timeout=120)
+    assert process.returncode == 130, err
+    assert "(node review)" in waiting
+    command = waiting.split("resume it from another terminal: ")[1].split(" (add")[0]
+    assert command.startswith("dagwerk resume ")
+    (line,) = [line for line in err.splitlines() if line.startswith("interrupted: run ")]
+    run_id = line.split()[2]
+    assert "stays running in the database" in line
+    assert f"cancel it: dagwerk cancel {run_id}" in line
+    assert cli.json("show", run_id)["run"]["status"] == "running"
+
+    # The printed command, run as printed, resumes the task; a worker finishes the run.
+    resumed = cli(*shlex.split(command)[1:], "--response", '{"approved": true}')
+    assert resumed.returncode == 0, resumed.stderr
+    assert cli("worker", "--pipeline", APPROVAL, "--burst").returncode == 0
+    assert cli.json("show", run_id)["run"]["status"] == "completed"

@@ -2,11 +2,15 @@
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
+
 import click
 import pytest
 from click.testing import CliRunner
 
 from dagwerk.cli.app import DagwerkGroup
+from dagwerk.engine import Engine
 
 
 def _group_raising(error: BaseException) -> click.Group:
@@ -33,3 +37,27 @@ def test_an_ordinary_error_becomes_one_line_without_a_traceback() -> None:
     assert result.exit_code == 2
     assert "bad input" in result.output
     assert "Traceback" not in result.output
+
+
+def test_with_json_an_error_is_a_json_object_on_stdout(tmp_path: Path) -> None:
+    from dagwerk.cli import cli
+
+    url = f"sqlite:///{tmp_path / 'errors.db'}"
+    with Engine(url):
+        pass
+    missing = CliRunner().invoke(cli, ["show", "run-nosuchrun", "--db", url, "--json"])
+    assert missing.exit_code == 1
+    assert missing.stderr == ""
+    assert json.loads(missing.stdout) == {
+        "error": {
+            "message": "run 'run-nosuchrun' does not exist",
+            "code": "run_not_found",
+            "exit_code": 1,
+        }
+    }
+    # An invalid option value is reported as JSON too (exit 2), whatever the order.
+    bad = CliRunner().invoke(cli, ["runs", "--limit", "0", "--json", "--db", url])
+    assert bad.exit_code == 2
+    document = json.loads(bad.stdout)["error"]
+    assert document["code"] == "usage_error" and "--limit" in document["message"]
+    assert document["exit_code"] == 2

@@ -10,7 +10,7 @@ from __future__ import annotations
 from dagwerk.cli.app import cli, main
 from dagwerk.cli.commands_control import cancel, dlq, rerun, resume, retry
 from dagwerk.cli.commands_gated import serve
-from dagwerk.cli.commands_inspect import runs, show
+from dagwerk.cli.commands_inspect import outputs, runs, show
 from dagwerk.cli.commands_run import run, submit, worker
 from dagwerk.cli.commands_static import graph, schema, validate
 
@@ -23,6 +23,7 @@ for _command in (
     worker,
     runs,
     show,
+    outputs,
     cancel,
     retry,
     rerun,

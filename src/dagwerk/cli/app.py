@@ -1,13 +1,17 @@
 """The ``dagwerk`` command group and its error handling.
 
-Errors reach the user as one line on stderr (``error: ...``), never as a
-traceback unless ``--debug`` (or ``DAGWERK_DEBUG=1``) is given. Exit codes:
+Errors reach the user as one line on stderr (``error: ...``; an invalid
+pipeline file gets one such line per problem), never as a traceback unless
+``--debug`` (or ``DAGWERK_DEBUG=1``) is given. A command given ``--json``
+prints its error as a JSON object on stdout instead
+(``{"error": {"message": ..., "code": ..., "exit_code": ...}}``). Exit codes:
 0 success, 1 a failure that is not the input's fault, 2 invalid input
 (usage errors, invalid pipeline files, anything raised as ``ValueError``).
 """
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import sys
@@ -19,17 +23,23 @@ import click
 __all__ = [
     "EXIT_FAILURE",
     "EXIT_INVALID",
+    "JSON_OUTPUT",
     "CliError",
     "InvalidInputError",
     "cli",
     "cli_error",
     "describe_error",
+    "error_code",
     "main",
+    "problem_lines",
     "safe_line",
 ]
 
 EXIT_FAILURE: Final = 1
 EXIT_INVALID: Final = 2
+
+JSON_OUTPUT: Final = "dagwerk.json_output"
+"""The ``click.Context.meta`` key a command's ``--json`` sets: errors are JSON then."""
 
 _UNSAFE_TEXT: Final = re.compile("[\x00-\x1f\x7f-\x9f\u2028\u2029\u202a-\u202e\u2066-\u2069]")
 
@@ -40,15 +50,37 @@ def safe_line(text: str) -> str:
 
 
 class CliError(click.ClickException):
-    """An error shown as one ``error: ...`` line on stderr; exits 1."""
+    """An error shown as one ``error: ...`` line on stderr; exits 1.
+
+    With ``as_json`` it is a JSON object on stdout instead; ``code`` is the
+    stable error code it carries there.
+    """
 
     exit_code = EXIT_FAILURE
 
-    def __init__(self, message: str) -> None:
+    def __init__(
+        self,
+        message: str,
+        *,
+        code: str = "command_failed",
+        as_json: bool = False,
+        more: Sequence[str] = (),
+    ) -> None:
         super().__init__(safe_line(message))
+        self.code = code
+        self.as_json = as_json
+        self.more = tuple(safe_line(line) for line in more)
+        """Further problems, each shown as its own ``error: ...`` line."""
 
     def show(self, file: Any = None) -> None:
-        click.echo(f"error: {self.format_message()}", err=True)
+        if self.as_json:
+            error: dict[str, Any] = {"message": self.format_message(), "code": self.code}
+            if self.more:
+                error["problems"] = [self.format_message(), *self.more]
+            click.echo(json.dumps({"error": {**error, "exit_code": self.exit_code}}))
+            return
+        for line in (self.format_message(), *self.more):
+            click.echo(f"error: {line}", err=True)
 
 
 class InvalidInputError(CliError):
@@ -56,10 +88,62 @@ class InvalidInputError(CliError):
 
     exit_code = EXIT_INVALID
 
+    def __init__(
+        self,
+        message: str,
+        *,
+        code: str = "invalid_input",
+        as_json: bool = False,
+        more: Sequence[str] = (),
+    ) -> None:
+        super().__init__(message, code=code, as_json=as_json, more=more)
 
-def cli_error(message: str, exit_code: int) -> CliError:
+
+def cli_error(
+    message: str,
+    exit_code: int,
+    *,
+    code: str = "command_failed",
+    as_json: bool = False,
+    more: Sequence[str] = (),
+) -> CliError:
     """A :class:`CliError` (or :class:`InvalidInputError`) for ``exit_code``."""
-    return InvalidInputError(message) if exit_code == EXIT_INVALID else CliError(message)
+    if exit_code == EXIT_INVALID:
+        return InvalidInputError(message, code=code, as_json=as_json, more=more)
+    return CliError(message, code=code, as_json=as_json, more=more)
+
+
+def problem_lines(error: BaseException) -> list[str]:
+    """Each problem of an invalid pipeline file as one line (others: ``[]``).
+
+    Bounded by :data:`~dagwerk.pipeline_file.MAX_REPORTED_PROBLEMS`; a last
+    line counts the problems left out."""
+    from dagwerk.pipeline_file import PipelineFileError
+
+    if not isinstance(error, PipelineFileError) or len(error.problems) < 2:
+        return []
+    lines = [safe_line(str(problem)) for problem in error.problems]
+    left_out = error.problem_count - len(error.problems)
+    if left_out > 0:
+        lines.append(f"{error.path}: and {left_out} more problems (the first {len(lines)} shown)")
+    return lines
+
+
+def error_code(error: BaseException) -> str:
+    """The stable code of an exception a command raised (``--json`` errors)."""
+    from dagwerk.errors import DagwerkError
+
+    if isinstance(error, CliError):
+        return error.code
+    if isinstance(error, DagwerkError):
+        return str(error.code)
+    if isinstance(error, click.UsageError):
+        return "usage_error"
+    if isinstance(error, ValueError):
+        return "invalid_input"
+    if isinstance(error, OSError):
+        return "os_error"
+    return "internal_error"
 
 
 def describe_error(error: BaseException) -> tuple[str, int]:
@@ -82,14 +166,33 @@ class DagwerkGroup(click.Group):
     def invoke(self, ctx: click.Context) -> Any:
         try:
             return super().invoke(ctx)
-        except (click.ClickException, click.exceptions.Exit, click.Abort, BrokenPipeError):
+        except (click.exceptions.Exit, click.Abort, BrokenPipeError):
             # A closed pipe is not a command error: ``main`` silences it.
+            raise
+        except CliError as error:
+            if ctx.meta.get(JSON_OUTPUT) and not error.as_json:
+                raise cli_error(
+                    error.format_message(), error.exit_code, code=error.code, as_json=True
+                ) from error
+            raise
+        except click.ClickException as error:
+            if ctx.meta.get(JSON_OUTPUT):
+                raise cli_error(
+                    error.format_message(), error.exit_code, code=error_code(error), as_json=True
+                ) from error
             raise
         except Exception as error:
             if ctx.params.get("debug"):
                 raise
-            message, code = describe_error(error)
-            raise cli_error(message, code) from error
+            message, exit_code = describe_error(error)
+            problems = problem_lines(error)
+            raise cli_error(
+                problems[0] if problems else message,
+                exit_code,
+                code=error_code(error),
+                as_json=bool(ctx.meta.get(JSON_OUTPUT)),
+                more=problems[1:],
+            ) from error
 
 
 @click.group(cls=DagwerkGroup, context_settings={"help_option_names": ["-h", "--help"]})

@@ -7,34 +7,45 @@ functions so that ``dagwerk --help`` stays quick.
 from __future__ import annotations
 
 import json
+import logging
 import sys
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 
 import click
 
-from dagwerk.cli.app import EXIT_FAILURE, InvalidInputError, safe_line
+from dagwerk.cli.app import EXIT_FAILURE, JSON_OUTPUT, InvalidInputError, safe_line
 
 if TYPE_CHECKING:
     from dagwerk.constants import RunStatus
     from dagwerk.engine import Engine
+    from dagwerk.models import DagNode
 
 __all__ = [
+    "DEFAULT_DB",
     "db_option",
     "echo_json",
     "exit_code_for",
     "format_time",
     "is_terminal",
     "json_option",
+    "json_text",
+    "last_nodes",
+    "log_level_option",
     "open_engine",
     "parse_json_argument",
     "read_run_input",
     "render_table",
+    "task_logging",
 ]
 
 F = TypeVar("F", bound=Callable[..., Any])
+
+DEFAULT_DB = "sqlite:///dagwerk.db"
+"""The ``--db`` of every command unless ``--db`` or ``DAGWERK_DB`` says otherwise."""
 
 DB_HELP = "Database URL: sqlite:///path.db (default ./dagwerk.db), memory:// or postgresql://..."
 
@@ -45,7 +56,7 @@ def db_option(fn: F) -> F:
         "--db",
         "db",
         envvar="DAGWERK_DB",
-        default="sqlite:///dagwerk.db",
+        default=DEFAULT_DB,
         show_default=True,
         metavar="URL",
         help=DB_HELP + " Also DAGWERK_DB.",
@@ -53,15 +64,45 @@ def db_option(fn: F) -> F:
     return option(fn)
 
 
+def _note_json(ctx: click.Context, param: click.Parameter, value: bool) -> bool:
+    if value:
+        ctx.meta[JSON_OUTPUT] = True
+    return value
+
+
 def json_option(fn: F) -> F:
-    """``--json``: machine-readable output on stdout."""
-    return click.option("--json", "as_json", is_flag=True, help="Print JSON for scripts.")(fn)
+    """``--json``: machine-readable output on stdout, errors included.
+
+    The flag is processed before the other parameters, so an invalid value of
+    another option is reported as JSON too."""
+    return click.option(
+        "--json",
+        "as_json",
+        is_flag=True,
+        is_eager=True,
+        callback=_note_json,
+        help="Print JSON for scripts (errors too).",
+    )(fn)
 
 
-def open_engine(db: str) -> Engine:
-    """An engine on ``db``; a bad URL is invalid input (exit 2)."""
+def open_engine(db: str, *, create: bool = True) -> Engine:
+    """An engine on ``db``; a bad URL is invalid input (exit 2).
+
+    ``create=False`` is for commands about runs already stored: a SQLite file
+    that does not exist is invalid input naming the path, not a new empty
+    database (a typo in ``--db`` must not answer "no runs")."""
     from dagwerk.engine import Engine
 
+    if not create and db.startswith("sqlite:"):
+        from dagwerk.backends.sqlite import sqlite_path
+
+        path, _ = sqlite_path(db)
+        in_memory = path == ":memory:" or path.startswith("file::memory:")
+        if not in_memory and not Path(path).exists():
+            raise InvalidInputError(
+                f"no database at {path} (--db {db}): nothing is stored there; "
+                "check --db or DAGWERK_DB"
+            )
     return Engine(db)
 
 
@@ -97,8 +138,25 @@ def exit_code_for(status: RunStatus) -> int:
     return 0 if status is RunStatus.COMPLETED else EXIT_FAILURE
 
 
+def json_text(value: object) -> str:
+    """``value`` as one line of JSON: mappings are objects, tuples are arrays.
+
+    Only JSON values are accepted: anything else is an error, never its
+    ``repr`` in the output."""
+    from dagwerk.json import thaw_json
+
+    return json.dumps(thaw_json(value), ensure_ascii=False, allow_nan=False)
+
+
 def echo_json(value: object) -> None:
-    click.echo(json.dumps(value, ensure_ascii=False, sort_keys=False, default=str))
+    """Print ``value`` as one line of JSON on stdout (see :func:`json_text`)."""
+    click.echo(json_text(value))
+
+
+def last_nodes(nodes: Sequence[DagNode]) -> list[str]:
+    """Slugs of the nodes no other node reads (a run's results), in order."""
+    sources = {edge.source for node in nodes for edge in node.edges}
+    return [node.slug for node in nodes if node.slug not in sources]
 
 
 def is_terminal() -> bool:
@@ -134,3 +192,65 @@ def render_table(title: str, headers: Sequence[str], rows: Sequence[Sequence[obj
     click.echo("  " + "  ".join(h.ljust(w) for h, w in zip(headers, widths, strict=True)).rstrip())
     for row in cells:
         click.echo("  " + "  ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)).rstrip())
+
+
+LOG_LEVELS = ("debug", "info", "warning", "error", "off")
+
+
+def log_level_option(fn: F) -> F:
+    """``--log-level LEVEL`` (also ``DAGWERK_LOG_LEVEL``), default ``info``."""
+    return click.option(
+        "--log-level",
+        "log_level",
+        type=click.Choice(LOG_LEVELS, case_sensitive=False),
+        default="info",
+        show_default=True,
+        envvar="DAGWERK_LOG_LEVEL",
+        help=(
+            "Print plugins' ctx.logger messages from this level on stderr "
+            "(dagwerk's own from warning, or debug with debug)."
+        ),
+    )(fn)
+
+
+class _EchoHandler(logging.Handler):
+    """Writes records to the stderr of the moment (a live display may wrap it)."""
+
+    def emit(self, record: logging.LogRecord) -> None:
+        try:
+            click.echo(safe_line(self.format(record)), err=True)
+        except Exception:
+            self.handleError(record)
+
+
+@contextmanager
+def task_logging(level_name: str) -> Iterator[None]:
+    """Show task loggers (``dagwerk.task.*``, a plugin's ``ctx.logger``) from
+    ``level_name`` and dagwerk's own loggers from WARNING (DEBUG with
+    ``debug``) on stderr while the block runs; ``off`` shows none."""
+    dagwerk_logger = logging.getLogger("dagwerk")
+    task_logger = logging.getLogger("dagwerk.task")
+    saved = (dagwerk_logger.level, task_logger.level, dagwerk_logger.propagate)
+    handler: logging.Handler = _EchoHandler()
+    handler.setFormatter(
+        logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s", "%H:%M:%S")
+    )
+    if level_name.lower() == "off":
+        handler = logging.NullHandler()
+        task_level = own_level = logging.CRITICAL + 1
+    else:
+        task_level = logging.getLevelNamesMapping()[level_name.upper()]
+        own_level = logging.DEBUG if task_level == logging.DEBUG else logging.WARNING
+    dagwerk_logger.setLevel(own_level)
+    task_logger.setLevel(task_level)
+    dagwerk_logger.addHandler(handler)
+    # The handler prints dagwerk's records once; an application's root
+    # handler does not print them again.
+    dagwerk_logger.propagate = False
+    try:
+        yield
+    finally:
+        dagwerk_logger.removeHandler(handler)
+        dagwerk_logger.setLevel(saved[0])
+        task_logger.setLevel(saved[1])
+        dagwerk_logger.propagate = saved[2]

@@ -31,7 +31,7 @@ def cancel(run_id: str, db: str, reason: str | None) -> None:
     Example:
       dagwerk cancel run-1f2e3d4c5b6a7980 --reason "wrong input"
     """
-    with open_engine(db) as engine:
+    with open_engine(db, create=False) as engine:
         if not engine.cancel(run_id, reason=reason):
             record = engine.get_run(run_id)
             status = record.status.value if record is not None else "missing"
@@ -61,16 +61,29 @@ def retry(run_id: str, boundary: tuple[str, ...], db: str, as_json: bool) -> Non
       dagwerk retry run-1f2e3d4c5b6a7980
       dagwerk retry run-1f2e3d4c5b6a7980 --from store
     """
-    with open_engine(db) as engine:
+    with open_engine(db, create=False) as engine:
         result = engine.retry(run_id, boundary=list(boundary) or None)
         nodes = engine.nodes(run_id)
     slugs = [nodes[index].slug for index in result.affected_nodes]
     if as_json:
         echo_json({"run_id": run_id, "retry_count": result.retry_count, "nodes": slugs})
         return
+    what = f"node {slugs[0]}" if len(slugs) == 1 else f"{len(slugs)} nodes ({', '.join(slugs)})"
+    kept = len(nodes) - len(slugs)
+    kept_text = ""
+    if kept == 1:
+        kept_text = "; the other node keeps its outputs"
+    elif kept > 1:
+        kept_text = f"; the other {kept} nodes keep their outputs"
     click.echo(
-        f"run {run_id}: retry {result.retry_count} queued nodes {', '.join(slugs)}; "
-        "a worker will run them (dagwerk worker)"
+        safe_line(
+            f"run {run_id}: reopened (retry {result.retry_count}); "
+            f"{what} will run again{kept_text}"
+        )
+    )
+    click.echo(
+        f"next: start a worker to run them (dagwerk worker --pipeline FILE [--burst]); "
+        f"then: dagwerk show {run_id}"
     )
 
 
@@ -85,7 +98,7 @@ def rerun(run_id: str, nodes: tuple[str, ...], db: str) -> None:
     Example:
       dagwerk rerun run-1f2e3d4c5b6a7980 --node report
     """
-    with open_engine(db) as engine:
+    with open_engine(db, create=False) as engine:
         engine.rerun(run_id, list(nodes))
     click.echo(f"run {run_id}: re-running {', '.join(nodes)} and their descendants")
 
@@ -109,7 +122,7 @@ def resume(task_id: str, wait_id: str, response: str | None, db: str, as_json: b
       dagwerk resume 8c1d...-task approval:8c1d... --json
     """
     value = parse_json_argument(response, "--response") if response is not None else None
-    with open_engine(db) as engine:
+    with open_engine(db, create=False) as engine:
         result = engine.resume(task_id, wait_id, response=value)
     if as_json:
         echo_json(
@@ -149,7 +162,7 @@ def dlq_list(run_id: str | None, db: str, as_json: bool) -> None:
     Example:
       dagwerk dlq list --json
     """
-    with open_engine(db) as engine:
+    with open_engine(db, create=False) as engine:
         letters = engine.list_dead_letters(run_id)
     if as_json:
         echo_json(
@@ -197,7 +210,7 @@ def dlq_reinject(dead_letter_id: str, db: str) -> None:
     Example:
       dagwerk dlq reinject 5b0c2f...
     """
-    with open_engine(db) as engine:
+    with open_engine(db, create=False) as engine:
         attempt = engine.reinject(dead_letter_id)
     if attempt is None:
         raise CliError(

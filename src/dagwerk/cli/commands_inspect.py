@@ -1,28 +1,35 @@
-"""Commands that read runs: ``runs`` and ``show``."""
+"""Commands that read runs: ``runs``, ``show`` and ``outputs``."""
 
 from __future__ import annotations
 
+import shlex
 from typing import TYPE_CHECKING, Any
 
 import click
 
 from dagwerk.cli.app import safe_line
 from dagwerk.cli.commands_common import (
+    DEFAULT_DB,
     db_option,
     echo_json,
     format_time,
     json_option,
+    json_text,
+    last_nodes,
     open_engine,
     render_table,
 )
 from dagwerk.cli.composite import describe_composite, render_composite
+from dagwerk.constants import TaskStatus
 
 if TYPE_CHECKING:
     from dagwerk.engine import Engine
+    from dagwerk.store import TaskRecord
 
-__all__ = ["runs", "show"]
+__all__ = ["outputs", "runs", "show"]
 
 _STATUSES = ["pending", "running", "completed", "failed", "crashed", "cancelled"]
+_TASK_STATUSES = [status.value for status in TaskStatus]
 
 
 @click.command()
@@ -43,10 +50,10 @@ def runs(db: str, status: str | None, limit: int, as_json: bool, stalled: bool =
     if stalled:
         from dagwerk.cli.commands_gated import echo_stalled
 
-        with open_engine(db) as engine:
+        with open_engine(db, create=False) as engine:
             echo_stalled(engine, limit, as_json)
         return
-    with open_engine(db) as engine:
+    with open_engine(db, create=False) as engine:
         records = engine.list_runs(status=status, limit=limit)
     if as_json:
         echo_json([_run_json(record) for record in records])
@@ -54,6 +61,7 @@ def runs(db: str, status: str | None, limit: int, as_json: bool, stalled: bool =
     rows = [
         (
             r.run_id,
+            r.pipeline,
             r.status.value,
             f"{r.settled_nodes}/{r.node_count}",
             r.retry_count,
@@ -62,12 +70,15 @@ def runs(db: str, status: str | None, limit: int, as_json: bool, stalled: bool =
         )
         for r in records
     ]
-    render_table("runs", ("run", "status", "nodes", "retries", "created", "error"), rows)
+    render_table(
+        "runs", ("run", "pipeline", "status", "nodes", "retries", "created", "error"), rows
+    )
 
 
 def _run_json(record: Any) -> dict[str, Any]:
     return {
         "run_id": record.run_id,
+        "pipeline": record.pipeline,
         "status": record.status.value,
         "failure_policy": record.failure_policy.value,
         "retry_count": record.retry_count,
@@ -79,19 +90,27 @@ def _run_json(record: Any) -> dict[str, Any]:
     }
 
 
-def _attempts(engine: Engine, task_id: str) -> list[dict[str, Any]] | None:
+def _attempts(engine: Engine, task: TaskRecord) -> list[dict[str, Any]] | None:
     if not hasattr(engine.store, "list_attempts"):
         return None
     return [
         {
             "attempt_id": a.attempt_id,
             "number": a.number,
-            "status": a.status.value if a.status is not None else None,
+            # An unfinished current attempt has no outcome yet: its state is
+            # the task's (queued, running or waiting).
+            "status": (
+                a.status.value
+                if a.status is not None
+                else task.status.value
+                if a.attempt_id == task.attempt_id
+                else None
+            ),
             "error": a.error,
             "worker_id": a.worker_id,
             "resumed_from_wait_id": a.resumed_from_wait_id,
         }
-        for a in engine.list_attempts(task_id)
+        for a in engine.list_attempts(task.task_id)
     ]
 
 
@@ -137,7 +156,7 @@ def describe_run(engine: Engine, run_id: str) -> dict[str, Any]:
                 "error": task.error,
                 "waiting_on": task.active_wait_id,
                 "resumed_from_wait_id": task.resumed_from_wait_id,
-                "attempts": _attempts(engine, task.task_id),
+                "attempts": _attempts(engine, task),
             }
         )
     letters = [
@@ -163,41 +182,137 @@ def describe_run(engine: Engine, run_id: str) -> dict[str, Any]:
     }
 
 
+MAX_LISTED = 10
+"""The summary of ``show`` lists at most this many waits and failed attempts."""
+
+
+def _duration(seconds: float | None) -> str:
+    if seconds is None:
+        return "-"
+    if seconds < 60:
+        return f"{seconds:.1f}s"
+    minutes, rest = divmod(int(seconds), 60)
+    hours, minutes = divmod(minutes, 60)
+    return f"{hours}h{minutes:02d}m{rest:02d}s" if hours else f"{minutes}m{rest:02d}s"
+
+
+def _run_line(run: dict[str, Any]) -> str:
+    name = f" ({run['pipeline']})" if run.get("pipeline") else ""
+    took = ""
+    if run["finished_at"] is not None and run["created_at"]:
+        took = f", took {_duration(run['finished_at'] - run['created_at'])}"
+    return (
+        f"run {run['run_id']}{name}: {run['status']} "
+        f"(nodes {run['settled_nodes']}/{run['node_count']}, "
+        f"policy {run['failure_policy']}, retries {run['retry_count']}), "
+        f"created {format_time(run['created_at'])}{took}"
+    )
+
+
+def _more(count: int, what: str, command: str) -> None:
+    if count > 0:
+        click.echo(safe_line(f"... and {count} more {what}: {command}"))
+
+
 @click.command()
 @click.argument("run_id", metavar="RUN")
 @db_option
 @click.option("--why", is_flag=True, help="Explain per node why it has (not) run.")
+@click.option("--tasks", "list_tasks", is_flag=True, help="List the tasks, one per line.")
+@click.option(
+    "--node",
+    "node_filter",
+    multiple=True,
+    metavar="SLUG",
+    help="With --tasks (or --json): only this node's tasks; repeatable.",
+)
+@click.option(
+    "--status",
+    "status_filter",
+    multiple=True,
+    type=click.Choice(_TASK_STATUSES),
+    help="With --tasks (or --json): only tasks with this status; repeatable.",
+)
 @json_option
-def show(run_id: str, db: str, as_json: bool, why: bool = False) -> None:
-    """Show a run: its nodes and their dispositions, tasks, attempts, errors and waits.
+def show(
+    *,
+    run_id: str,
+    db: str,
+    as_json: bool,
+    why: bool = False,
+    list_tasks: bool = False,
+    node_filter: tuple[str, ...] = (),
+    status_filter: tuple[str, ...] = (),
+) -> None:
+    """Show a run: its nodes with their task counts, waits, failures and dead letters.
+
+    The summary has one line per node; --tasks lists the tasks (filtered with
+    --node and --status), each with its attempt, error or wait. --json
+    prints everything (all tasks unless filtered).
 
     \b
     Examples:
       dagwerk show run-1f2e3d4c5b6a7980
+      dagwerk show run-1f2e3d4c5b6a7980 --tasks --node score --status failed
       dagwerk show run-1f2e3d4c5b6a7980 --json | jq '.tasks[] | select(.error)'
       dagwerk show run-1f2e3d4c5b6a7980 --why
     """
     if why:
         from dagwerk.cli.commands_gated import show_why
 
-        with open_engine(db) as engine:
+        with open_engine(db, create=False) as engine:
             show_why(engine, run_id, as_json)
         return
-    with open_engine(db) as engine:
+    with open_engine(db, create=False) as engine:
         described = describe_run(engine, run_id)
+    slugs = [node["slug"] for node in described["nodes"]]
+    unknown = [slug for slug in node_filter if slug not in slugs]
+    if unknown:
+        from dagwerk.engine import UnknownNodeError
+
+        raise UnknownNodeError(
+            f"run {run_id!r} has no node {unknown[0]!r} (nodes: {', '.join(slugs)})",
+            field="nodes",
+        )
+    tasks = [
+        task
+        for task in described["tasks"]
+        if (not node_filter or task["node"] in node_filter)
+        and (not status_filter or task["status"] in status_filter)
+    ]
     if as_json:
-        echo_json(described)
+        echo_json({**described, "tasks": tasks})
         return
     run = described["run"]
-    click.echo(
-        safe_line(
-            f"run {run['run_id']}: {run['status']} "
-            f"(nodes {run['settled_nodes']}/{run['node_count']}, "
-            f"policy {run['failure_policy']}, retries {run['retry_count']})"
-        )
-    )
+    click.echo(safe_line(_run_line(run)))
     if run["error"]:
         click.echo(safe_line(f"error: {run['error']}"))
+    if list_tasks or node_filter or status_filter:
+        _print_tasks(tasks)
+        return
+    _print_summary(described, db)
+
+
+def _print_tasks(tasks: list[dict[str, Any]]) -> None:
+    render_table(
+        "tasks",
+        ("task", "node", "status", "attempt", "error / wait"),
+        [
+            (
+                t["task_id"],
+                t["node"],
+                t["status"],
+                t["attempt"] if t["attempt"] is not None else t["attempt_id"],
+                t["error"] or (f"waiting on {t['waiting_on']}" if t["waiting_on"] else None),
+            )
+            for t in tasks
+        ],
+    )
+
+
+def _print_summary(described: dict[str, Any], db: str) -> None:
+    run_id = described["run"]["run_id"]
+    where = "" if db == DEFAULT_DB else f" --db {shlex.quote(db)}"
     render_table(
         "nodes",
         ("node", "plugin", "mode", "disposition", "gen", "tasks"),
@@ -213,35 +328,37 @@ def show(run_id: str, db: str, as_json: bool, why: bool = False) -> None:
             for n in described["nodes"]
         ],
     )
-    render_table(
-        "tasks",
-        ("task", "node", "status", "attempt", "error / wait"),
-        [
-            (
-                t["task_id"],
-                t["node"],
-                t["status"],
-                t["attempt"] if t["attempt"] is not None else t["attempt_id"],
-                t["error"] or (f"waiting on {t['waiting_on']}" if t["waiting_on"] else None),
-            )
-            for t in described["tasks"]
-        ],
-    )
     failed_attempts = [
-        (t["task_id"], a["number"], a["status"], a["error"])
+        (t["task_id"], t["node"], a["number"], a["status"], a["error"])
         for t in described["tasks"]
         for a in (t["attempts"] or [])
         if a["error"]
     ]
     if failed_attempts:
-        render_table("failed attempts", ("task", "attempt", "status", "error"), failed_attempts)
-    for wait in described["waits"]:
+        render_table(
+            "failed attempts",
+            ("task", "node", "attempt", "status", "error"),
+            failed_attempts[:MAX_LISTED],
+        )
+        _more(
+            len(failed_attempts) - MAX_LISTED,
+            "failed attempts",
+            f"dagwerk show {run_id} --json{where}",
+        )
+    waits = described["waits"]
+    for wait in waits[:MAX_LISTED]:
         click.echo(
             safe_line(
                 f"waiting: task {wait['task_id']} ({wait['node']}) on {wait['wait_id']}; "
-                f"resume: dagwerk resume {wait['task_id']} {wait['wait_id']} --response JSON"
+                f"resume: dagwerk resume {wait['task_id']} {wait['wait_id']}{where} "
+                "--response JSON"
             )
         )
+    _more(
+        len(waits) - MAX_LISTED,
+        "waiting tasks",
+        f"dagwerk show {run_id} --tasks --status waiting{where}",
+    )
     if described["dead_letters"]:
         render_table(
             "dead letters",
@@ -252,3 +369,67 @@ def show(run_id: str, db: str, as_json: bool, why: bool = False) -> None:
             ],
         )
     render_composite(described)
+    if described["tasks"]:
+        click.echo(
+            f"tasks: dagwerk show {run_id} --tasks [--node SLUG] [--status STATUS]{where}"
+        )
+
+
+@click.command()
+@click.argument("run_id", metavar="RUN")
+@click.option(
+    "--node",
+    "slugs",
+    multiple=True,
+    metavar="SLUG",
+    help="This node's outputs (repeatable; default: the last nodes, which no node reads).",
+)
+@db_option
+@json_option
+def outputs(run_id: str, slugs: tuple[str, ...], db: str, as_json: bool) -> None:
+    """Print the outputs nodes of a run published, as JSON.
+
+    Each output is one line: its fields (what edges route on) and, when it
+    has any, its data. Works on a run in any state; a node that has not run
+    yet has no outputs.
+
+    \b
+    Examples:
+      dagwerk outputs run-1f2e3d4c5b6a7980
+      dagwerk outputs run-1f2e3d4c5b6a7980 --node score --json
+    """
+    from dagwerk.engine import UnknownNodeError
+
+    with open_engine(db, create=False) as engine:
+        result = engine.result(run_id)
+        nodes = engine.nodes(run_id)
+    known = [node.slug for node in nodes]
+    unknown = [slug for slug in slugs if slug not in known]
+    if unknown:
+        raise UnknownNodeError(
+            f"run {run_id!r} has no node {unknown[0]!r} (nodes: {', '.join(known)})",
+            field="nodes",
+        )
+    chosen = list(dict.fromkeys(slugs)) or last_nodes(nodes)
+    published = {slug: result.outputs.get(slug, ()) for slug in chosen}
+    if as_json:
+        echo_json(
+            {
+                "run_id": run_id,
+                "status": result.status.value,
+                "outputs": {
+                    slug: [
+                        {"id": out.id, "fields": out.fields, "data": out.data} for out in values
+                    ]
+                    for slug, values in published.items()
+                },
+            }
+        )
+        return
+    click.echo(safe_line(f"run {run_id}: {result.status.value}"))
+    for slug, values in published.items():
+        count = f"{len(values)} output" + ("" if len(values) == 1 else "s")
+        click.echo(safe_line(f"{slug} ({count}):"))
+        for out in values:
+            data = f"  data: {json_text(out.data)}" if out.data else ""
+            click.echo(safe_line(f"  {json_text(out.fields)}{data}"))

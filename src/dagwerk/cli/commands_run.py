@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
-import json
+import shlex
 import signal
 import sys
 import threading
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from types import FrameType
 from typing import TYPE_CHECKING
@@ -15,15 +15,20 @@ import click
 
 from dagwerk.cli.app import InvalidInputError, safe_line
 from dagwerk.cli.commands_common import (
+    DEFAULT_DB,
     db_option,
     echo_json,
     exit_code_for,
     is_terminal,
     json_option,
+    json_text,
+    last_nodes,
+    log_level_option,
     open_engine,
     read_run_input,
+    task_logging,
 )
-from dagwerk.constants import DEFAULT_BURST_HORIZON
+from dagwerk.constants import DEFAULT_BURST_HORIZON, RUN_TERMINAL_STATUSES, TaskStatus
 from dagwerk.errors import DagwerkError
 
 if TYPE_CHECKING:
@@ -34,6 +39,9 @@ __all__ = ["run", "submit", "worker"]
 
 _PIPELINE = click.Path(dir_okay=False, path_type=str)
 _EXECUTORS = click.Choice(["thread", "process", "async"])
+
+EXIT_INTERRUPTED = 130
+"""``run`` stopped by Ctrl-C (128 + SIGINT, as shells report it)."""
 
 
 def _plugins_option(fn: click.decorators.FC) -> click.decorators.FC:
@@ -85,39 +93,116 @@ def _check_plugins(pipeline: Pipeline, engine: Engine) -> None:
         )
 
 
-def _sinks(result: RunResult, pipeline: Pipeline) -> list[str]:
-    sources = {edge.source for node in pipeline.nodes for edge in node.edges}
-    return [node.slug for node in pipeline.nodes if node.slug not in sources]
-
-
 def _print_result(result: RunResult, pipeline: Pipeline) -> None:
     task_count = sum(len(outputs) for outputs in result.outputs.values())
     click.echo(f"run {result.run_id}: {result.status.value} ({task_count} outputs)")
     if result.error:
         click.echo(f"  error: {safe_line(result.error)}")
-    for slug in _sinks(result, pipeline):
+    for slug in last_nodes(pipeline.nodes):
         outputs = result.outputs.get(slug, ())
         for output in outputs[:5]:
-            fields = json.dumps(dict(output.fields), ensure_ascii=False, default=str)
-            click.echo(safe_line(f"  {slug} -> {fields}"))
+            click.echo(safe_line(f"  {slug} -> {json_text(output.fields)}"))
         if len(outputs) > 5:
-            click.echo(f"  {slug} -> ... {len(outputs) - 5} more")
+            click.echo(
+                f"  {slug} -> ... {len(outputs) - 5} more "
+                f"(dagwerk outputs {result.run_id} --node {slug})"
+            )
     if not result.ok:
         click.echo(f"  inspect: dagwerk show {result.run_id}; retry: dagwerk retry {result.run_id}")
+
+
+MAX_WAIT_NOTICES = 10
+"""``run`` names at most this many waiting tasks; ``show --tasks`` lists them all."""
+
+
+def _db_argument(db: str) -> str:
+    return "" if db == DEFAULT_DB else f" --db {shlex.quote(db)}"
+
+
+class _WaitNotices:
+    """Says, once per wait, which task waits and the command that resumes it."""
+
+    def __init__(self, engine: Engine, db: str, echo: Callable[[str], None]) -> None:
+        self._engine = engine
+        self._db = db
+        self._echo = echo
+        self._seen: set[tuple[str, str]] = set()
+        self._counts: object = None
+
+    def __call__(self, progress: RunProgress) -> None:
+        counts = dict(progress.tasks)
+        if counts == self._counts:
+            return
+        self._counts = counts
+        if not progress.count(TaskStatus.WAITING):
+            return
+        nodes = self._engine.nodes(progress.run_id)
+        waiting = [
+            task
+            for task in self._engine.list_tasks(progress.run_id)
+            if task.status is TaskStatus.WAITING and task.active_wait_id
+        ]
+        new = [t for t in waiting if (t.task_id, t.active_wait_id) not in self._seen]
+        shown = len(self._seen)
+        for task in new:
+            wait_id = str(task.active_wait_id)
+            self._seen.add((task.task_id, wait_id))
+            if shown >= MAX_WAIT_NOTICES:
+                continue
+            shown += 1
+            command = (
+                f"dagwerk resume {shlex.quote(task.task_id)} {shlex.quote(wait_id)}"
+                f"{_db_argument(self._db)}"
+            )
+            self._echo(
+                safe_line(
+                    f"waiting: task {task.task_id} (node {nodes[task.node_index].slug}) "
+                    f"on {wait_id}; resume it from another terminal: {command} "
+                    "(add --response JSON to answer)"
+                )
+            )
+        hidden = len(self._seen) - shown
+        if new and hidden > 0:
+            self._echo(
+                f"waiting: {hidden} more tasks wait; list them: dagwerk show "
+                f"{progress.run_id} --tasks --status waiting{_db_argument(self._db)}"
+            )
 
 
 class _PlainProgress:
     """Prints the progress line whenever it changes (pipes, files, CI logs)."""
 
-    def __init__(self, err: bool) -> None:
+    def __init__(self, err: bool, waits: _WaitNotices) -> None:
         self._last = ""
         self._err = err
+        self._waits = waits
 
     def __call__(self, progress: RunProgress) -> None:
         line = progress.summary()
         if line != self._last:
             self._last = line
             click.echo(f"[{progress.run_id}] {line}", err=self._err)
+        self._waits(progress)
+
+
+def _interrupted(engine: Engine, run_id: str, db: str, pipeline_file: str) -> None:
+    """What Ctrl-C during ``run`` leaves behind, and how to go on or stop."""
+    record = engine.get_run(run_id)
+    if record is None:
+        click.echo("interrupted before the run was stored; nothing to clean up", err=True)
+        return
+    if record.status in RUN_TERMINAL_STATUSES:
+        click.echo(f"interrupted: run {run_id} is {record.status.value}", err=True)
+        return
+    where = _db_argument(db)
+    click.echo(
+        safe_line(
+            f"interrupted: run {run_id} stays {record.status.value} in the database; "
+            f"a worker goes on with it: dagwerk worker --pipeline {shlex.quote(pipeline_file)}"
+            f"{where}; cancel it: dagwerk cancel {run_id}{where}"
+        ),
+        err=True,
+    )
 
 
 @click.command()
@@ -130,6 +215,7 @@ class _PlainProgress:
 @_queue_option
 @click.option("--timeout", type=click.FloatRange(min=0, min_open=True), help="Give up after S s.")
 @click.option("--run-id", help="Use this run ID (default: a fresh one).")
+@log_level_option
 @json_option
 def run(
     *,
@@ -144,6 +230,7 @@ def run(
     timeout: float | None,
     run_id: str | None,
     as_json: bool,
+    log_level: str = "info",
 ) -> None:
     """Run a pipeline file to the end in this process and print the result.
 
@@ -151,6 +238,8 @@ def run(
     the outputs of the last nodes. Exits 0 when the run COMPLETED, 1 when it
     FAILED, CRASHED or was CANCELLED, 2 for invalid input. The run is stored
     in --db, so `dagwerk show` and `dagwerk retry` work on it afterwards.
+    A task that waits is named with the `dagwerk resume` command that
+    resumes it; Ctrl-C (exit 130) leaves the run running for a worker.
 
     Its workers take this run's tasks first, then other tasks of the
     database whose plugin they have (with --queue: of those queues only);
@@ -161,32 +250,42 @@ def run(
       dagwerk run examples/pipelines/etl.yaml
       dagwerk run examples/pipelines/etl.yaml --input '{"since": "2024-06-01"}' --json
     """
+    from dagwerk.engine import new_run_id
+
     run_input = read_run_input(input_text, input_file)
+    click.get_current_context().with_resource(task_logging(log_level))
+    run_id = run_id if run_id is not None else new_run_id()
     with open_engine(db) as engine:
         pipeline = _load(pipeline_file, engine, plugin_modules)
         _check_plugins(pipeline, engine)
-        if is_terminal() and not as_json:
-            result = _run_with_live_display(
-                engine,
-                pipeline,
-                run_input=run_input,
-                workers=workers,
-                executor=executor,
-                timeout=timeout,
-                run_id=run_id,
-                queues=list(queues) or None,
-            )
-        else:
-            result = engine.run(
-                pipeline,
-                run_input,
-                workers=workers,
-                executor=executor,
-                timeout=timeout,
-                run_id=run_id,
-                on_progress=_PlainProgress(err=as_json),
-                queues=list(queues) or None,
-            )
+        try:
+            if is_terminal() and not as_json:
+                result = _run_with_live_display(
+                    engine,
+                    pipeline,
+                    db=db,
+                    run_input=run_input,
+                    workers=workers,
+                    executor=executor,
+                    timeout=timeout,
+                    run_id=run_id,
+                    queues=list(queues) or None,
+                )
+            else:
+                waits = _WaitNotices(engine, db, lambda line: click.echo(line, err=as_json))
+                result = engine.run(
+                    pipeline,
+                    run_input,
+                    workers=workers,
+                    executor=executor,
+                    timeout=timeout,
+                    run_id=run_id,
+                    on_progress=_PlainProgress(err=as_json, waits=waits),
+                    queues=list(queues) or None,
+                )
+        except KeyboardInterrupt:
+            _interrupted(engine, run_id, db, pipeline_file)
+            sys.exit(EXIT_INTERRUPTED)
         if as_json:
             echo_json(result.to_json())
         else:
@@ -198,6 +297,7 @@ def _run_with_live_display(
     engine: Engine,
     pipeline: Pipeline,
     *,
+    db: str,
     run_input: dict[str, object] | None,
     workers: int,
     executor: str,
@@ -210,8 +310,10 @@ def _run_with_live_display(
     columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn())
     with Progress(*columns, transient=False) as display:
         bar = display.add_task(f"{pipeline.name}: starting", total=len(pipeline.nodes))
+        waits = _WaitNotices(engine, db, lambda line: display.console.print(line, markup=False))
 
         def update(progress: RunProgress) -> None:
+            waits(progress)
             display.update(
                 bar,
                 completed=progress.nodes_settled,
@@ -307,6 +409,7 @@ def submit(
     show_default=True,
     help="Seconds between backstop passes (0: no backstop in this worker).",
 )
+@log_level_option
 def worker(
     *,
     db: str,
@@ -319,6 +422,7 @@ def worker(
     burst_horizon: float = DEFAULT_BURST_HORIZON,
     metrics_port: int | None = None,
     backstop_interval: float = 30.0,
+    log_level: str = "info",
 ) -> None:
     """Serve the database's queue: run the tasks of every run stored there.
 
@@ -341,6 +445,7 @@ def worker(
     from dagwerk.runtime.heap import freeze_startup_heap
 
     loaded: list[Pipeline] = []
+    click.get_current_context().with_resource(task_logging(log_level))
     with open_engine(db) as engine:
         for pipeline_file in pipelines:
             pipeline = load_pipeline(pipeline_file)
@@ -378,7 +483,12 @@ def worker(
         freeze_startup_heap()
         if burst:
             handled = serving.run_burst(burst_horizon)
-            click.echo(f"worker {serving.worker_id}: handled {handled} deliveries", err=True)
+            attempts = f"{handled} task attempt" + ("" if handled == 1 else "s")
+            click.echo(
+                f"worker {serving.worker_id}: no work left after {attempts} "
+                "(retries and resumes count as attempts)",
+                err=True,
+            )
             return
         stop = threading.Event()
 

@@ -47,19 +47,27 @@ def _summary(pipeline: Pipeline) -> dict[str, Any]:
     }
 
 
+def _problem(error: PipelineFileError) -> dict[str, Any]:
+    return {
+        "code": error.code,
+        "rule": error.rule,
+        "message": str(error),
+        "reason": error.reason,
+        "line": error.line,
+        "node": error.node,
+        "field": error.field,
+    }
+
+
 def _error_document(error: PipelineFileError) -> dict[str, Any]:
+    # "error" is the first problem; "problems" lists each (bounded), with
+    # "problem_count" counting them all.
     return {
         "valid": False,
         "file": error.path,
-        "error": {
-            "code": error.code,
-            "rule": error.rule,
-            "message": str(error),
-            "reason": error.reason,
-            "line": error.line,
-            "node": error.node,
-            "field": error.field,
-        },
+        "error": _problem(error),
+        "problems": [_problem(problem) for problem in error.problems],
+        "problem_count": error.problem_count,
     }
 
 

@@ -20,15 +20,21 @@ from typing import Any
 
 from dagwerk._protocols import implements
 from dagwerk.budgets import Budget
-from dagwerk.constants import RUN_TERMINAL_STATUSES, FailurePolicy, RunStatus
+from dagwerk.constants import (
+    RUN_TERMINAL_STATUSES,
+    FailurePolicy,
+    NodeDisposition,
+    RunStatus,
+    TaskStatus,
+)
 from dagwerk.errors import DagwerkError
 from dagwerk.graph import validate_graph
 from dagwerk.json import thaw_json
-from dagwerk.models import DagNode
+from dagwerk.models import DagNode, NodeLaunch
 from dagwerk.orchestrator import OrchestratorCallbacks, cancel_run, reconcile_run, start_run
 from dagwerk.pipelines.loader import Pipeline
 from dagwerk.plugins import PluginMeta
-from dagwerk.retry import RunRetryResult, rerun_nodes, retry_run
+from dagwerk.retry import RetryRejectedError, RunRetryResult, rerun_nodes, retry_run
 from dagwerk.runtime.backstop import DEFAULT_BACKSTOP_INTERVAL, check_backstop_interval
 from dagwerk.runtime.plugins import CostEstimateFn, PluginFn
 from dagwerk.runtime.retry_policy import RetryPolicy
@@ -234,13 +240,16 @@ class Engine:
         input and output bytes and cost; child runs draw on it too.
 
         For a :class:`~dagwerk.pipelines.loader.Pipeline`, ``input`` is laid
-        over the pipeline's ``defaults`` and ``failure_policy`` defaults to the
-        pipeline's; otherwise to ``fail_fast``. An existing ``run_id`` raises
+        over the pipeline's ``defaults``, ``failure_policy`` defaults to the
+        pipeline's (otherwise to ``fail_fast``) and the run records the
+        pipeline's name (``RunRecord.pipeline``). An existing ``run_id`` raises
         :class:`RunExistsError`; invalid nodes or input raise ``ValueError``
         before anything is written.
         """
         defaults: dict[str, object] = {}
+        pipeline_name: str | None = None
         if isinstance(nodes, Pipeline):
+            pipeline_name = nodes.name or None
             thawed = thaw_json(nodes.defaults)
             assert isinstance(thawed, dict)
             defaults = dict(thawed)
@@ -260,7 +269,7 @@ class Engine:
         run_input: dict[str, object] = dict(merged)
         run_id = run_id if run_id is not None else new_run_id()
         if not self._store.create_run(
-            run_id, node_list, run_input=run_input, failure_policy=policy
+            run_id, node_list, run_input=run_input, failure_policy=policy, pipeline=pipeline_name
         ):
             raise RunExistsError(f"run {run_id!r} already exists", field="run_id")
         # The budget is set while the run is PENDING, so no task runs outside it.
@@ -367,9 +376,63 @@ class Engine:
         :class:`~dagwerk.retry.RetryRejectedError` when the run cannot retry.
         """
         indices = None if boundary is None else self._indices(run_id, boundary)
-        result = retry_run(self._store, run_id, indices)
+        try:
+            result = retry_run(self._store, run_id, indices)
+        except RetryRejectedError as error:
+            refusal = self._retry_refusal(run_id, indices)
+            raise RetryRejectedError(refusal, field="run_id") from error
         reconcile_run(self._store, run_id, callbacks=_CALLBACKS)
         return result
+
+    def _retry_refusal(self, run_id: str, indices: Sequence[int] | None) -> str:
+        # Read after the refusal, so the message describes the state that refused.
+        record: RunRecord | None = self._store.get_run(run_id)
+        if record is None:
+            return f"run {run_id!r} does not exist"
+        prefix = f"run {run_id!r} cannot be retried"
+        status = record.status
+        if status is RunStatus.COMPLETED:
+            return (
+                f"{prefix}: it completed; to run nodes of a completed run again use "
+                f"rerun (dagwerk rerun {run_id} --node SLUG)"
+            )
+        if status not in RUN_TERMINAL_STATUSES:
+            return (
+                f"{prefix}: it is still {status.value}; only a failed, crashed or cancelled "
+                f"run can be retried (dagwerk cancel {run_id} stops it)"
+            )
+        if indices is None:
+            return f"{prefix}: the store refused it (the run changed meanwhile; look again)"
+        if status is RunStatus.CANCELLED:
+            return (
+                f"{prefix} from chosen nodes: it was cancelled, and retrying from nodes "
+                "applies to failed or crashed runs; retry it without naming nodes"
+            )
+        nodes = self.nodes(run_id)
+        failed = self._failed_nodes(run_id)
+        named = ", ".join(nodes[index].slug for index in sorted(failed)) or "none"
+        for index in indices:
+            if index not in failed:
+                return (
+                    f"{prefix} from node {nodes[index].slug!r}: it did not fail "
+                    f"(failed nodes: {named})"
+                )
+        return f"{prefix}: the store refused it (the run changed meanwhile; look again)"
+
+    def _failed_nodes(self, run_id: str) -> set[int]:
+        """Indices of active nodes that failed: at planning or in a failed or crashed task."""
+        launches: Mapping[int, NodeLaunch] = self._store.list_node_launches(run_id)
+        failed = {
+            index
+            for index, launch in launches.items()
+            if launch.disposition is NodeDisposition.FAILED
+        }
+        failed.update(
+            task.node_index
+            for task in self.list_tasks(run_id)
+            if task.status in (TaskStatus.FAILED, TaskStatus.CRASHED)
+        )
+        return failed
 
     def rerun(self, run_id: str, nodes: Sequence[str]) -> RunRetryResult:
         """Run the named nodes and all their descendants again as a new

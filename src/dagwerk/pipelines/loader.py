@@ -25,6 +25,7 @@ from dagwerk.graph import validate_graph
 from dagwerk.json import FrozenDict, bounded_json_size, freeze_object
 from dagwerk.models import DagNode
 from dagwerk.pipelines.source import (
+    MAX_REPORTED_PROBLEMS,
     FieldPath,
     PipelineFileError,
     SourceDocument,
@@ -224,18 +225,26 @@ def _data_path(location: Sequence[int | str], data: object) -> FieldPath:
     return tuple(path)
 
 
+def _problem(detail: Any, document: SourceDocument, *, suffix: str = "") -> PipelineFileError:
+    path = _data_path(detail["loc"], document.data)
+    reason = str(detail["msg"]).removeprefix("Value error, ")
+    if detail["type"] == "extra_forbidden":
+        reason = "unknown field"
+    elif detail["type"] == "missing":
+        reason = "missing required field"
+    return _located(document, path, reason + suffix, rule=str(detail["type"]))
+
+
 def _from_validation_error(error: ValidationError, document: SourceDocument) -> PipelineFileError:
     details = error.errors(include_url=False)
-    first = details[0]
-    path = _data_path(first["loc"], document.data)
-    reason = str(first["msg"]).removeprefix("Value error, ")
-    if first["type"] == "extra_forbidden":
-        reason = "unknown field"
-    elif first["type"] == "missing":
-        reason = "missing required field"
+    suffix = f" (and {len(details) - 1} more problems)" if len(details) > 1 else ""
+    first = _problem(details[0], document, suffix=suffix)
     if len(details) > 1:
-        reason += f" (and {len(details) - 1} more problems)"
-    return _located(document, path, reason, rule=str(first["type"]))
+        first.problems = tuple(
+            _problem(detail, document) for detail in details[:MAX_REPORTED_PROBLEMS]
+        )
+        first.problem_count = len(details)
+    return first
 
 
 def _node_index(label: str | None, nodes: Sequence[DagNode], rule: str) -> int | None:

@@ -30,6 +30,7 @@ from dagwerk.errors import DagwerkError
 __all__ = [
     "MAX_PIPELINE_FILE_BYTES",
     "MAX_PIPELINE_NESTING",
+    "MAX_REPORTED_PROBLEMS",
     "FieldPath",
     "PipelineFileError",
     "SourceDocument",
@@ -65,6 +66,10 @@ def one_line(text: str) -> str:
     return _UNSAFE_TEXT.sub(lambda match: match.group().encode("unicode_escape").decode(), text)
 
 
+MAX_REPORTED_PROBLEMS: Final = 20
+"""A :class:`PipelineFileError` lists at most this many problems of one file."""
+
+
 class PipelineFileError(DagwerkError, ValueError):
     """A pipeline file cannot be read or is not a valid pipeline.
 
@@ -72,6 +77,12 @@ class PipelineFileError(DagwerkError, ValueError):
     leaving out the parts that do not apply. ``path``, ``line``, ``node``,
     ``field`` and ``rule`` hold the same facts for programs; ``reason`` is
     the message without the location.
+
+    A file with several problems raises one error for the first (its message
+    ends ``(and N more problems)``); ``problems`` holds each problem as its
+    own error, the first included, at most :data:`MAX_REPORTED_PROBLEMS` of
+    them, and ``problem_count`` how many there are in all. A single problem
+    is ``problems == (self,)``.
     """
 
     code = "pipeline_invalid"
@@ -100,6 +111,8 @@ class PipelineFileError(DagwerkError, ValueError):
         self.node = node
         self.rule = rule
         self.reason = one_line(reason)
+        self.problems: tuple[PipelineFileError, ...] = (self,)
+        self.problem_count = 1
 
 
 @dataclass

@@ -14,7 +14,7 @@ from collections.abc import Callable
 
 import pytest
 
-from dagwerk.constants import FailurePolicy, RunStatus, TaskStatus
+from dagwerk.constants import MAX_PIPELINE_NAME_LENGTH, FailurePolicy, RunStatus, TaskStatus
 from dagwerk.errors import DagwerkError
 from dagwerk.execution import claim_task
 from dagwerk.json import FrozenDict
@@ -45,6 +45,7 @@ __all__ = [
     "test_r2_11_list_runs_newest_first_with_times",
     "test_r2_12_node_queue_and_priority_route_deliveries",
     "test_r2_13_dequeue_waits_and_wakes_on_enqueue",
+    "test_r2_14_a_run_records_its_pipeline_name",
 ]
 
 
@@ -422,3 +423,18 @@ def test_r2_13_dequeue_waits_and_wakes_on_enqueue(qstore: QueueContractStore) ->
     assert len(got) == 1
     # Woken by the enqueue, long before the 10 s patience ran out.
     assert time.monotonic() - began < 5.0
+
+
+def test_r2_14_a_run_records_its_pipeline_name(qstore: QueueContractStore) -> None:
+    assert qstore.create_run("run-named", [root("a")], pipeline="orders nightly")
+    assert qstore.create_run("run-bare", [root("a")])
+    named = qstore.get_run("run-named")
+    bare = qstore.get_run("run-bare")
+    assert named is not None and named.pipeline == "orders nightly"
+    assert bare is not None and bare.pipeline is None
+    listed = {r.run_id: r.pipeline for r in qstore.list_runs()}
+    assert listed == {"run-named": "orders nightly", "run-bare": None}
+    for bad in (7, "x" * (MAX_PIPELINE_NAME_LENGTH + 1), "a\x00b"):
+        with pytest.raises(InvalidStoreValueError):
+            qstore.create_run("run-bad", [root("a")], pipeline=bad)  # type: ignore[arg-type]
+    assert qstore.get_run("run-bad") is None

@@ -23,6 +23,7 @@ from dagwerk.store import (
     RunRecord,
     RunReopenResult,
     TaskAttemptRef,
+    validate_pipeline_name,
 )
 from dagwerk.topology import RunTopology
 from dagwerk.transitions import check_run_transition
@@ -41,6 +42,7 @@ class RunsMixin(MemoryStoreBase):
         *,
         run_input: Mapping[str, object] | None = None,
         failure_policy: FailurePolicy | str = FailurePolicy.FAIL_FAST,
+        pipeline: str | None = None,
     ) -> bool:
         """Store a PENDING run with validated copies of its nodes and frozen input.
 
@@ -62,6 +64,7 @@ class RunsMixin(MemoryStoreBase):
                     )
                 copies.append(node.model_copy(deep=True))
             policy = FailurePolicy(failure_policy)
+            validate_pipeline_name(pipeline)
             frozen = freeze_object(run_input)
             limit = self.limits.max_run_input_bytes
             if bounded_json_size(frozen, limit) > limit:
@@ -74,6 +77,7 @@ class RunsMixin(MemoryStoreBase):
                 run_input=frozen,
                 failure_policy=policy,
                 created_at=float(self._clock()),
+                pipeline=pipeline,
             )
             return True
 
@@ -377,6 +381,7 @@ def _run_record(run: RunState) -> RunRecord:
         settled_nodes=run.settled_nodes,
         created_at=run.created_at,
         finished_at=run.finished_at,
+        pipeline=run.pipeline,
     )
 
 

@@ -139,6 +139,7 @@ class RunState:
     failed_tasks: dict[str, int] = field(default_factory=dict)
     created_at: float = 0.0
     finished_at: float | None = None
+    pipeline: str | None = None
 
     def __post_init__(self) -> None:
         count = len(self.nodes)

@@ -24,7 +24,9 @@ CREATE TABLE dagwerk_runs (
     created_at DOUBLE PRECISION NOT NULL DEFAULT 0,
     finished_at DOUBLE PRECISION,
     -- Creation order among runs created in the same instant.
-    seq BIGINT GENERATED ALWAYS AS IDENTITY
+    seq BIGINT GENERATED ALWAYS AS IDENTITY,
+    -- version 8: the name of the pipeline the run was submitted from.
+    pipeline TEXT
 );
 CREATE INDEX dagwerk_runs_created ON dagwerk_runs (created_at, seq);
 

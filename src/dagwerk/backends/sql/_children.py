@@ -107,7 +107,8 @@ class ChildrenMixin(BudgetsMixin):
         }
 
     def _insert_child(self, tx: Tx, link: RunLink, prepared: Mapping[str, object]) -> None:
-        inserted = tx.run("run_insert", {**prepared, "now": self._now()})
+        # A child run records no pipeline name: its parent's run has it.
+        inserted = tx.run("run_insert", {**prepared, "now": self._now(), "pipeline": None})
         if inserted != 1:
             raise InvalidStoreValueError(f"run {link.run_id!r} exists", field="run_id")
         tx.many(

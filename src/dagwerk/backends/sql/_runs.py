@@ -24,6 +24,7 @@ from dagwerk.store import (
     RunRecord,
     RunReopenResult,
     TaskAttemptRef,
+    validate_pipeline_name,
 )
 from dagwerk.topology import RunTopology
 from dagwerk.transitions import check_run_transition, check_task_transition
@@ -46,6 +47,7 @@ class RunsMixin(SqlStoreBase):
         *,
         run_input: Mapping[str, object] | None = None,
         failure_policy: FailurePolicy | str = FailurePolicy.FAIL_FAST,
+        pipeline: str | None = None,
     ) -> bool:
         """Store a PENDING run with validated copies of its nodes and frozen input.
 
@@ -64,6 +66,7 @@ class RunsMixin(SqlStoreBase):
                 )
             dumped.append(node.model_dump(mode="json"))
         policy = FailurePolicy(failure_policy)
+        validate_pipeline_name(pipeline)
         frozen = freeze_object(run_input)
         limit = self.limits.max_run_input_bytes
         if bounded_json_size(frozen, limit) > limit:
@@ -82,6 +85,7 @@ class RunsMixin(SqlStoreBase):
                     "queue": self.default_queue,
                     "priority": self.default_priority,
                     "now": self._now(),
+                    "pipeline": pipeline,
                 },
             )
             if inserted != 1:
@@ -417,6 +421,7 @@ def _run_record(row: Row) -> RunRecord:
         settled_nodes=row["settled_nodes"],
         created_at=row["created_at"],
         finished_at=row["finished_at"],
+        pipeline=row["pipeline"],
     )
 
 

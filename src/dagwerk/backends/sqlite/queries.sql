@@ -4,9 +4,10 @@
 
 -- name: run_insert
 INSERT INTO dagwerk_runs
-    (run_id, nodes, run_input, failure_policy, status, node_count, queue, priority, created_at)
+    (run_id, nodes, run_input, failure_policy, status, node_count, queue, priority, created_at,
+     pipeline)
 VALUES (:run_id, :nodes, :run_input, :failure_policy, 'pending', :node_count, :queue, :priority,
-        :now)
+        :now, :pipeline)
 ON CONFLICT (run_id) DO NOTHING;
 
 -- name: node_insert
@@ -24,7 +25,7 @@ SELECT * FROM dagwerk_runs WHERE run_id = :run_id;
 
 -- name: run_record
 SELECT r.run_id, r.status, r.failure_policy, r.retry_count, r.error, r.node_count,
-       r.created_at, r.finished_at,
+       r.created_at, r.finished_at, r.pipeline,
        (SELECT count(*) FROM dagwerk_launches l
          WHERE l.run_id = r.run_id AND l.active = 1
            AND (l.disposition <> 'launched' OR l.completed = l.task_count)) AS settled_nodes
@@ -32,7 +33,7 @@ FROM dagwerk_runs r WHERE r.run_id = :run_id;
 
 -- name: runs_list
 SELECT r.run_id, r.status, r.failure_policy, r.retry_count, r.error, r.node_count,
-       r.created_at, r.finished_at,
+       r.created_at, r.finished_at, r.pipeline,
        (SELECT count(*) FROM dagwerk_launches l
          WHERE l.run_id = r.run_id AND l.active = 1
            AND (l.disposition <> 'launched' OR l.completed = l.task_count)) AS settled_nodes

@@ -19,7 +19,7 @@ CREATE TABLE dagwerk_runs (
     node_count INTEGER NOT NULL,
     queue TEXT NOT NULL,
     priority INTEGER NOT NULL
-, created_at REAL NOT NULL DEFAULT 0, finished_at REAL);
+, created_at REAL NOT NULL DEFAULT 0, finished_at REAL, pipeline TEXT);
 CREATE INDEX dagwerk_runs_created ON dagwerk_runs (created_at);
 
 CREATE TABLE dagwerk_nodes (

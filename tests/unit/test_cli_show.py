@@ -1,0 +1,134 @@
+"""``dagwerk show`` and ``dagwerk outputs``: what a user reads about one run."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+from click.testing import CliRunner
+
+from dagwerk import TaskContext, TaskInputs
+from dagwerk.cli import cli
+from dagwerk.constants import InputMode
+from dagwerk.engine import Engine
+from dagwerk.models import DagNode, InputEdge
+
+WAITING = [
+    DagNode(slug="draft", plugin="show_draft"),
+    DagNode(
+        slug="review",
+        plugin="show_review",
+        input_mode=InputMode.EACH,
+        edges=(InputEdge(name="drafts", source="draft"),),
+    ),
+]
+
+
+@pytest.fixture
+def url(tmp_path: Path) -> str:
+    return f"sqlite:///{tmp_path / 'show.db'}"
+
+
+def _engine(url: str, tmp_path: Path) -> Engine:
+    engine = Engine(url, execution_root=tmp_path)
+
+    @engine.plugin("show_draft")
+    def draft(inputs: TaskInputs, ctx: TaskContext) -> list[dict[str, object]]:
+        return [{"title": f"post {n}"} for n in range(3)]
+
+    @engine.plugin("show_review")
+    def review(inputs: TaskInputs, ctx: TaskContext) -> dict[str, object]:
+        if ctx.resumed_from_wait_id is None:
+            ctx.wait("approval")
+        return {"approved": True}
+
+    return engine
+
+
+def _waiting_run(url: str, tmp_path: Path) -> str:
+    with _engine(url, tmp_path) as engine:
+        run_id = engine.submit(WAITING)
+        engine.worker(concurrency=4).run_until_idle()
+    return run_id
+
+
+def _show_json(url: str, *args: str) -> Any:
+    result = CliRunner().invoke(cli, ["show", *args, "--db", url, "--json"])
+    assert result.exit_code == 0, result.output
+    return json.loads(result.stdout)
+
+
+def test_a_waiting_attempt_shows_its_state_not_null(url: str, tmp_path: Path) -> None:
+    run_id = _waiting_run(url, tmp_path)
+    shown = _show_json(url, run_id)
+    reviews = [task for task in shown["tasks"] if task["node"] == "review"]
+    assert len(reviews) == 3
+    for task in reviews:
+        assert task["status"] == "waiting"
+        (attempt,) = task["attempts"]
+        assert attempt["status"] == "waiting"
+    (draft,) = [task for task in shown["tasks"] if task["node"] == "draft"]
+    assert [a["status"] for a in draft["attempts"]] == ["completed"]
+
+
+def _show(url: str, *args: str) -> str:
+    result = CliRunner().invoke(cli, ["show", *args, "--db", url])
+    assert result.exit_code == 0, result.output
+    return result.stdout
+
+
+def test_show_summarises_per_node_and_lists_tasks_only_when_asked(
+    url: str, tmp_path: Path
+) -> None:
+    run_id = _waiting_run(url, tmp_path)
+    summary = _show(url, run_id).splitlines()
+    assert summary[0].startswith(f"run {run_id}: running (nodes 1/2, ")
+    assert ", created " in summary[0]
+    assert summary[1] == "nodes:"
+    assert [line.split()[0] for line in summary[3:5]] == ["draft", "review"]
+    assert summary[4].endswith("3 waiting")
+    # No per-task table in the summary: one waiting line per wait, and a pointer.
+    assert not any(line == "tasks:" for line in summary)
+    assert sum(line.startswith("waiting: task ") for line in summary) == 3
+    assert summary[-1] == (
+        f"tasks: dagwerk show {run_id} --tasks [--node SLUG] [--status STATUS] --db {url}"
+    )
+
+    listed = _show(url, run_id, "--tasks").splitlines()
+    assert listed[1] == "tasks:"
+    assert len(listed) == 2 + 1 + 4  # header line, table header, 4 tasks
+    waiting = _show(url, run_id, "--tasks", "--status", "waiting").splitlines()
+    assert len(waiting) == 3 + 3 and all("waiting on approval" in line for line in waiting[3:])
+    drafts = _show(url, run_id, "--tasks", "--node", "draft").splitlines()
+    assert len(drafts) == 3 + 1 and " completed " in drafts[3]
+
+    filtered = _show_json(url, run_id, "--node", "review", "--status", "waiting")
+    assert len(filtered["tasks"]) == 3 and len(filtered["nodes"]) == 2
+    unknown = CliRunner().invoke(cli, ["show", run_id, "--node", "nope", "--db", url])
+    assert unknown.exit_code == 2 and "has no node 'nope'" in unknown.stderr
+
+
+def test_worker_burst_says_what_it_did_in_words(url: str, tmp_path: Path) -> None:
+    plugins = tmp_path / "burst_words_plugins.py"
+    plugins.write_text(
+        "import dagwerk\n\n"
+        "@dagwerk.plugin('burst_words')\n"
+        "def words(inputs, ctx):\n"
+        "    return {'ok': True}\n",
+        encoding="utf-8",
+    )
+    pipeline = tmp_path / "burst.yaml"
+    pipeline.write_text(
+        "name: burst\nplugins: [burst_words_plugins]\nnodes:\n"
+        "  - {slug: one, plugin: burst_words}\n",
+        encoding="utf-8",
+    )
+    runner = CliRunner()
+    assert runner.invoke(cli, ["submit", str(pipeline), "--db", url]).exit_code == 0
+    worked = runner.invoke(cli, ["worker", "--pipeline", str(pipeline), "--db", url, "--burst"])
+    assert worked.exit_code == 0, worked.output
+    assert worked.stderr.strip().endswith(
+        ": no work left after 1 task attempt (retries and resumes count as attempts)"
+    )
