@@ -39,8 +39,17 @@ F = TypeVar("F", bound=Callable[..., Any])
 DB_HELP = "Database URL: sqlite:///path.db (default ./dagwerk.db), memory:// or postgresql://..."
 
 
+_SCHEMA_KEY = "dagwerk.schema"
+
+
+def _remember_schema(ctx: click.Context, _param: click.Parameter, value: str | None) -> None:
+    ctx.meta[_SCHEMA_KEY] = value
+
+
 def db_option(fn: F) -> F:
-    """``--db URL`` (also ``DAGWERK_DB``), default ``sqlite:///dagwerk.db``."""
+    """``--db URL`` (also ``DAGWERK_DB``), default ``sqlite:///dagwerk.db``,
+    and ``--schema NAME`` (also ``DAGWERK_SCHEMA``), which
+    :func:`open_engine` reads."""
     option = click.option(
         "--db",
         "db",
@@ -50,7 +59,16 @@ def db_option(fn: F) -> F:
         metavar="URL",
         help=DB_HELP + " Also DAGWERK_DB.",
     )
-    return option(fn)
+    schema = click.option(
+        "--schema",
+        envvar="DAGWERK_SCHEMA",
+        metavar="NAME",
+        expose_value=False,
+        callback=_remember_schema,
+        help="PostgreSQL schema of dagwerk's tables, created if missing (same as "
+        "?schema=NAME in the URL). Also DAGWERK_SCHEMA.",
+    )
+    return option(schema(fn))
 
 
 def json_option(fn: F) -> F:
@@ -59,10 +77,17 @@ def json_option(fn: F) -> F:
 
 
 def open_engine(db: str) -> Engine:
-    """An engine on ``db``; a bad URL is invalid input (exit 2)."""
+    """An engine on ``db`` (in the ``--schema`` of the current command, if
+    given); a bad URL is invalid input (exit 2)."""
     from dagwerk.engine import Engine
 
-    return Engine(db)
+    ctx = click.get_current_context(silent=True)
+    schema = ctx.meta.get(_SCHEMA_KEY) if ctx is not None else None
+    if schema is None:
+        return Engine(db)
+    if not db.startswith(("postgresql:", "postgres:")):
+        raise InvalidInputError("--schema applies to postgresql:// databases only")
+    return Engine(db, schema=schema)
 
 
 def parse_json_argument(text: str, what: str) -> object:
