@@ -36,6 +36,7 @@ from dagwerk.errors import GraphValidationError
 from dagwerk.models import RuntimeSource
 from dagwerk.pipeline_file import parse_pipeline
 from dagwerk.retry import RetryRejectedError
+from dagwerk.runtime.errors import UnknownPluginError
 from dagwerk.schema import RunInputError
 from dagwerk.store import InvalidStoreValueError
 
@@ -215,10 +216,30 @@ def test_module_level_plugin_and_import_path_are_found(tmp_path: Path) -> None:
 
 
 def test_an_unknown_plugin_fails_its_task_with_a_hint(tmp_path: Path) -> None:
+    # Submitted from elsewhere: the worker is the first to look the plugin up.
     with Engine("memory://", execution_root=tmp_path) as engine:
-        result = engine.run([DagNode(slug="a", plugin="nobody_registered_this")], timeout=30)
+        run_id = engine.submit([DagNode(slug="a", plugin="nobody_registered_this")])
+        engine.worker(concurrency=1).run_until_idle()
+        result = engine.result(run_id)
     assert result.status is RunStatus.FAILED
     assert result.error is not None and "nobody_registered_this" in result.error
+
+
+def test_run_refuses_an_unknown_plugin_before_storing_with_did_you_mean(tmp_path: Path) -> None:
+    with Engine("memory://", execution_root=tmp_path) as engine:
+        engine.plugin("score_order")(lambda inputs, ctx: {})
+        nodes = [
+            DagNode(slug="a", plugin="scroe_order"),
+            DagNode(slug="b", plugin="no_such_module_here:fn"),
+        ]
+        with pytest.raises(UnknownPluginError) as caught:
+            engine.run(nodes, timeout=30)
+        assert engine.list_runs() == []
+    message = str(caught.value)
+    assert "node 'a': no plugin is registered as 'scroe_order'; did you mean 'score_order'?" in (
+        message
+    )
+    assert "node 'b': plugin 'no_such_module_here:fn': cannot import module" in message
 
 
 def test_urls(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

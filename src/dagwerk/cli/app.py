@@ -12,6 +12,7 @@ import os
 import re
 import sys
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Any, Final
 
 import click
@@ -104,6 +105,8 @@ def cli(debug: bool) -> None:
     """dagwerk: durable DAG workflows.
 
     Describe a pipeline in a YAML or JSON file, check it, draw it, run it.
+    Plugin modules are found in the pipeline file's folder, the current
+    directory and the installed packages.
 
     \b
     Examples:
@@ -111,6 +114,11 @@ def cli(debug: bool) -> None:
       dagwerk graph examples/pipelines/etl.yaml --format mermaid
       dagwerk schema > pipeline.schema.json
     """
+    from dagwerk.engine import search_for_plugins_in
+
+    # After the installed packages, as for a pipeline file's folder; the
+    # same for `dagwerk` and `python -m dagwerk` (see __main__).
+    search_for_plugins_in(Path.cwd())
 
 
 def main(argv: Sequence[str] | None = None) -> None:

@@ -19,7 +19,8 @@ from dagwerk.cli.app import EXIT_FAILURE, InvalidInputError, safe_line
 
 if TYPE_CHECKING:
     from dagwerk.constants import RunStatus
-    from dagwerk.engine import Engine
+    from dagwerk.engine import Engine, EngineRegistry
+    from dagwerk.pipeline_file import Pipeline, PipelineFileError
 
 __all__ = [
     "db_option",
@@ -28,8 +29,12 @@ __all__ = [
     "format_time",
     "is_terminal",
     "json_option",
+    "load_pipeline_plugins",
+    "no_plugin_check_option",
     "open_engine",
     "parse_json_argument",
+    "pipeline_plugin_errors",
+    "plugins_option",
     "read_run_input",
     "render_table",
 ]
@@ -69,6 +74,66 @@ def db_option(fn: F) -> F:
         "?schema=NAME in the URL). Also DAGWERK_SCHEMA.",
     )
     return option(schema(fn))
+
+
+def plugins_option(fn: F) -> F:
+    """``--plugins MODULE`` (repeatable), as the ``plugin_modules`` parameter."""
+    return click.option(
+        "--plugins",
+        "plugin_modules",
+        multiple=True,
+        metavar="MODULE",
+        help="Import this plugin module (dotted name or .py file) first; repeatable.",
+    )(fn)
+
+
+def no_plugin_check_option(fn: F) -> F:
+    """``--no-plugin-check``, as the ``plugin_check`` parameter (default True)."""
+    return click.option(
+        "--no-plugin-check",
+        "plugin_check",
+        is_flag=True,
+        flag_value=False,
+        default=True,
+        help="Do not import the plugin modules or check the nodes' plugin names "
+        "(for a machine without the plugins' code).",
+    )(fn)
+
+
+def pipeline_plugin_errors(pipeline: Pipeline, registry: EngineRegistry) -> list[PipelineFileError]:
+    """One error, located in the pipeline file, per node whose plugin
+    ``registry`` cannot resolve (plugin modules already imported)."""
+    from dagwerk.engine import plugin_problems
+
+    return [
+        pipeline.error_at(("nodes", problem.index, "plugin"), problem.reason, rule="unknown_plugin")
+        for problem in plugin_problems(pipeline.nodes, registry)
+    ]
+
+
+def load_pipeline_plugins(
+    pipeline: Pipeline, registry: EngineRegistry, extra_modules: Sequence[str] = ()
+) -> None:
+    """Import the modules the pipeline's ``plugins:`` lists (searched in its
+    folder) and ``extra_modules`` (``--plugins``), then check every node's
+    plugin. The first module that cannot be imported, or node whose plugin
+    does not resolve, raises its
+    :class:`~dagwerk.pipeline_file.PipelineFileError` (exit 2)."""
+    from dagwerk.engine import PluginImportError, import_plugin_modules, search_for_plugins_in
+
+    base_dir = Path(pipeline.source).parent
+    search_for_plugins_in(base_dir)
+    for index, module in enumerate(pipeline.plugins):
+        try:
+            import_plugin_modules([module], base_dir=base_dir)
+        except PluginImportError as error:
+            raise pipeline.error_at(
+                ("plugins", index), str(error), rule="plugin_import_failed"
+            ) from error
+    import_plugin_modules(extra_modules)
+    errors = pipeline_plugin_errors(pipeline, registry)
+    if errors:
+        raise errors[0]
 
 
 def json_option(fn: F) -> F:

@@ -6,21 +6,23 @@ import json
 import signal
 import sys
 import threading
-from collections.abc import Sequence
 from pathlib import Path
 from types import FrameType
 from typing import TYPE_CHECKING
 
 import click
 
-from dagwerk.cli.app import InvalidInputError, safe_line
+from dagwerk.cli.app import safe_line
 from dagwerk.cli.commands_common import (
     db_option,
     echo_json,
     exit_code_for,
     is_terminal,
     json_option,
+    load_pipeline_plugins,
+    no_plugin_check_option,
     open_engine,
+    plugins_option,
     read_run_input,
 )
 
@@ -34,16 +36,6 @@ _PIPELINE = click.Path(dir_okay=False, path_type=str)
 _EXECUTORS = click.Choice(["thread", "process", "async"])
 
 
-def _plugins_option(fn: click.decorators.FC) -> click.decorators.FC:
-    return click.option(
-        "--plugins",
-        "plugin_modules",
-        multiple=True,
-        metavar="MODULE",
-        help="Import this plugin module (dotted name or .py file) first; repeatable.",
-    )(fn)
-
-
 def _input_options(fn: click.decorators.FC) -> click.decorators.FC:
     fn = click.option(
         "--input-file", type=click.Path(dir_okay=False), help="Read the run input (JSON) from F."
@@ -51,26 +43,6 @@ def _input_options(fn: click.decorators.FC) -> click.decorators.FC:
     return click.option(
         "--input", "input_text", metavar="JSON", help="Run input as a JSON object."
     )(fn)
-
-
-def _load(pipeline_file: str, engine: Engine, extra_modules: Sequence[str]) -> Pipeline:
-    from dagwerk.pipeline_file import load_pipeline
-
-    pipeline = load_pipeline(pipeline_file)
-    engine.load_plugins(pipeline.plugins, base_dir=Path(pipeline.source).parent)
-    engine.load_plugins(extra_modules)
-    return pipeline
-
-
-def _check_plugins(pipeline: Pipeline, engine: Engine) -> None:
-    """Every node's plugin must be known before anything is stored (exit 2)."""
-    for node in pipeline.nodes:
-        if node.plugin in engine.plugins or ":" in node.plugin:
-            continue
-        raise InvalidInputError(
-            f"{pipeline.source}: node '{node.slug}': no plugin is registered as "
-            f"'{node.plugin}'; list its module under 'plugins:' or pass --plugins MODULE"
-        )
 
 
 def _sinks(result: RunResult, pipeline: Pipeline) -> list[str]:
@@ -114,7 +86,7 @@ class _PlainProgress:
 @db_option
 @click.option("--workers", default=2, show_default=True, type=click.IntRange(1, 256))
 @click.option("--executor", type=_EXECUTORS, default="thread", show_default=True)
-@_plugins_option
+@plugins_option
 @click.option("--timeout", type=click.FloatRange(min=0, min_open=True), help="Give up after S s.")
 @click.option("--run-id", help="Use this run ID (default: a fresh one).")
 @json_option
@@ -143,10 +115,15 @@ def run(
       dagwerk run examples/pipelines/etl.yaml
       dagwerk run examples/pipelines/etl.yaml --input '{"since": "2024-06-01"}' --json
     """
+    from dagwerk.engine import EngineRegistry
+    from dagwerk.pipeline_file import load_pipeline
+
     run_input = read_run_input(input_text, input_file)
+    pipeline = load_pipeline(pipeline_file)
+    # Before the database is opened: a node whose plugin cannot be found
+    # stores nothing.
+    load_pipeline_plugins(pipeline, EngineRegistry(), plugin_modules)
     with open_engine(db) as engine:
-        pipeline = _load(pipeline_file, engine, plugin_modules)
-        _check_plugins(pipeline, engine)
         if is_terminal() and not as_json:
             result = _run_with_live_display(
                 engine,
@@ -214,6 +191,8 @@ def _run_with_live_display(
 @_input_options
 @db_option
 @click.option("--run-id", help="Use this run ID (default: a fresh one).")
+@plugins_option
+@no_plugin_check_option
 @json_option
 def submit(
     *,
@@ -222,21 +201,29 @@ def submit(
     input_file: str | None,
     db: str,
     run_id: str | None,
+    plugin_modules: tuple[str, ...],
+    plugin_check: bool,
     as_json: bool,
 ) -> None:
     """Store and start a run of a pipeline file; print its ID and return.
 
-    Workers (`dagwerk worker`) serving the same database do the work.
+    Workers (`dagwerk worker`) serving the same database do the work. The
+    pipeline's plugin modules are imported and every node's plugin checked
+    first, so a misspelt name is refused before anything is stored
+    (--no-plugin-check skips this on a machine without the plugins' code).
 
     \b
     Examples:
       dagwerk submit examples/pipelines/approval.yaml --input '{"topic": "dagwerk 1.0"}'
       dagwerk worker --pipeline examples/pipelines/approval.yaml
     """
+    from dagwerk.engine import EngineRegistry
     from dagwerk.pipeline_file import load_pipeline
 
     run_input = read_run_input(input_text, input_file)
     pipeline = load_pipeline(pipeline_file)
+    if plugin_check:
+        load_pipeline_plugins(pipeline, EngineRegistry(), plugin_modules)
     with open_engine(db) as engine:
         new_id = engine.submit(pipeline, run_input, run_id=run_id)
     if as_json:
@@ -249,7 +236,7 @@ def submit(
 @db_option
 @click.option("--concurrency", default=4, show_default=True, type=click.IntRange(1, 1024))
 @click.option("--executor", type=_EXECUTORS, default="thread", show_default=True)
-@_plugins_option
+@plugins_option
 @click.option(
     "--pipeline",
     "pipelines",
@@ -304,10 +291,6 @@ def worker(
             pipeline = load_pipeline(pipeline_file)
             engine.load_plugins(pipeline.plugins, base_dir=Path(pipeline.source).parent)
         engine.load_plugins(plugin_modules)
-        # Plugins named by import path resolve against the current directory,
-        # as they would for `python -m`.
-        if "" not in sys.path and str(Path.cwd()) not in sys.path:
-            sys.path.append(str(Path.cwd()))
         serving = engine.worker(
             concurrency=concurrency,
             executor=executor,

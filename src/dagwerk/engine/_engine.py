@@ -29,6 +29,7 @@ from dagwerk.pipelines.loader import Pipeline
 from dagwerk.plugins import PluginMeta
 from dagwerk.retry import RunRetryResult, retry_run
 from dagwerk.runtime.backstop import DEFAULT_BACKSTOP_INTERVAL, check_backstop_interval
+from dagwerk.runtime.errors import UnknownPluginError
 from dagwerk.runtime.plugins import CostEstimateFn, PluginFn
 from dagwerk.runtime.retry_policy import RetryPolicy
 from dagwerk.runtime.worker import Worker
@@ -44,7 +45,7 @@ from dagwerk.store import (
 )
 from dagwerk.waiting import resume_task
 
-from ._plugins import EngineRegistry, import_plugin_modules
+from ._plugins import EngineRegistry, import_plugin_modules, plugin_problems
 from ._results import RunNotFoundError, RunProgress, RunResult, read_progress, read_result
 from ._urls import DEFAULT_URL, open_store
 
@@ -208,6 +209,23 @@ class Engine:
         :func:`~dagwerk.engine.import_plugin_modules`."""
         import_plugin_modules(modules, base_dir=base_dir)
 
+    def check_plugins(self, nodes: Sequence[DagNode] | Pipeline) -> None:
+        """Raise :class:`~dagwerk.runtime.errors.UnknownPluginError` naming
+        every node whose plugin this engine cannot resolve (registered here,
+        with ``@dagwerk.plugin``, or an importable ``module:function``), with
+        a "did you mean" for a close name. A pipeline's ``plugins`` modules
+        are imported first."""
+        if isinstance(nodes, Pipeline):
+            self.load_plugins(nodes.plugins, base_dir=Path(nodes.source).parent)
+        problems = plugin_problems(
+            nodes.nodes if isinstance(nodes, Pipeline) else nodes, self.plugins
+        )
+        if problems:
+            raise UnknownPluginError(
+                "; ".join(f"node {problem.slug!r}: {problem.reason}" for problem in problems),
+                field="plugin",
+            )
+
     # --- runs --------------------------------------------------------------------
 
     def submit(
@@ -318,11 +336,12 @@ class Engine:
         A worker with ``workers`` slots serves the whole queue while the run
         lasts and stops afterwards (other runs' tasks it picked up are
         released for other workers). A pipeline's ``plugins`` modules are
-        imported first. Raises :class:`RunWaitTimeoutError` after ``timeout``
+        imported first, and a node whose plugin cannot be resolved raises
+        :class:`~dagwerk.runtime.errors.UnknownPluginError` before anything is
+        stored (:meth:`check_plugins`). Raises :class:`RunWaitTimeoutError` after ``timeout``
         seconds, leaving the run as it is.
         """
-        if isinstance(nodes, Pipeline):
-            self.load_plugins(nodes.plugins, base_dir=Path(nodes.source).parent)
+        self.check_plugins(nodes)
         run_id = self.submit(
             nodes, input, run_id=run_id, failure_policy=failure_policy, budgets=budgets
         )
