@@ -11,6 +11,7 @@ from __future__ import annotations
 import os
 import re
 import sys
+import warnings
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, Final
@@ -121,8 +122,23 @@ def cli(debug: bool) -> None:
     search_for_plugins_in(Path.cwd())
 
 
+def _show_warning(  # noqa: PLR0917 - the signature of warnings.showwarning
+    message: Warning | str,
+    category: type[Warning],
+    filename: str,
+    lineno: int,
+    file: Any = None,
+    line: str | None = None,
+) -> None:
+    # A user of the command gets one line, not the source line in dagwerk.
+    click.echo(f"warning: {safe_line(str(message))}", err=True)
+
+
 def main(argv: Sequence[str] | None = None) -> None:
-    """Run the ``dagwerk`` command (``argv`` defaults to ``sys.argv[1:]``)."""
+    """Run the ``dagwerk`` command (``argv`` defaults to ``sys.argv[1:]``).
+
+    Warnings are shown as one ``warning: ...`` line on stderr."""
+    warnings.showwarning = _show_warning
     try:
         cli.main(args=list(argv) if argv is not None else None, prog_name="dagwerk")
     except BrokenPipeError:
