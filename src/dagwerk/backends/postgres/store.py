@@ -84,8 +84,8 @@ class PostgresStore(SqlStore):
     is how long a call (and opening) waits for a server that refuses or
     times out (a restart, say) before ``StoreUnavailableError``; a server
     that rejects the connection (unknown database or role, wrong password)
-    and an unknown host fail at once, naming the cause. ``application_name`` labels the connections
-    in ``pg_stat_activity``. ``clock``, ``max_deliveries``,
+    and an unknown host fail at once, naming the cause.
+    ``application_name`` labels the connections in ``pg_stat_activity``. ``clock``, ``max_deliveries``,
     ``default_queue`` and ``default_priority`` are as for
     :class:`~dagwerk.backends.sqlite.SqliteStore`.
     """
