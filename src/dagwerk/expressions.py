@@ -30,7 +30,13 @@ from dagwerk.constants import (
 )
 from dagwerk.errors import ExpressionError
 from dagwerk.json import JsonWireValue, bounded_json_size, freeze_json, thaw_json
-from dagwerk.pipes import BUILTIN_PIPES, PIPE_ARITY, bounded_text_join, result_byte_limit
+from dagwerk.pipes import (
+    BUILTIN_PIPES,
+    PIPE_ARITY,
+    bounded_text_join,
+    result_byte_limit,
+    warn_regex_fallback,
+)
 
 __all__ = [
     "EvaluationBudget",
@@ -387,6 +393,8 @@ def validate_expression(expression: str) -> str | None:
     """``None`` if ``expression`` is valid, else the first problem found.
 
     Checks syntax and limits, pipe names and pipe arity without evaluating.
+    A ``match`` pipe warns once per process if google-re2 is missing
+    (:func:`dagwerk.pipes.warn_regex_fallback`).
     """
     try:
         tokens = tokenize_expression(expression)
@@ -397,6 +405,8 @@ def validate_expression(expression: str) -> str | None:
             problem = _arity_problem(call)
             if problem is not None:
                 return problem
+            if call.name == "match":
+                warn_regex_fallback()
     return None
 
 

@@ -47,6 +47,7 @@ __all__ = [
     "bounded_text_join",
     "fallback_regex_cost",
     "result_byte_limit",
+    "warn_regex_fallback",
 ]
 
 
@@ -68,15 +69,29 @@ try:
 except ImportError:  # pragma: no cover - exercised by loading a copy without re2
     _re2 = None
     _RE2_OPTIONS = None
-    warnings.warn(
-        "google-re2 is not installed: the 'match' pipe falls back to Python's re module, "
-        "which does not protect against catastrophic backtracking. "
-        "Install dagwerk[re2] to enable protected matching.",
-        RegexFallbackWarning,
-        stacklevel=2,
-    )
 
 RE2_AVAILABLE: Final[bool] = _re2 is not None
+
+# Whether this process has been told that ``match`` runs without RE2.
+_fallback_warned = False
+
+
+def warn_regex_fallback() -> None:
+    """Warn once per process (:class:`RegexFallbackWarning`) that ``match``
+    runs on Python's ``re`` because google-re2 is missing; nothing when it
+    is installed. Called when a ``match`` pipe is validated or evaluated, so
+    a process that never matches says nothing."""
+    global _fallback_warned
+    if _re2 is not None or _fallback_warned:
+        return
+    _fallback_warned = True
+    warnings.warn(
+        "google-re2 is not installed: the 'match' pipe runs on Python's re module and "
+        "refuses patterns whose backtracking it cannot bound (they match nothing). "
+        "Install it with: pip install 'dagwerk[re2]'",
+        RegexFallbackWarning,
+        stacklevel=3,
+    )
 
 # The fallback's static cost check reads Python's own parse of the pattern.
 # ``re._parser`` is private but stable since 3.11; ``Any`` because typeshed
@@ -432,6 +447,7 @@ def _match(value: object, pattern: str = "") -> object:
             # lookaround, deep nesting) and text it cannot encode.
             return ""
     else:
+        warn_regex_fallback()
         try:
             if fallback_regex_cost(pattern, len(text)) > FALLBACK_REGEX_BUDGET:
                 return ""

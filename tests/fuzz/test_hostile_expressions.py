@@ -224,6 +224,12 @@ PATHOLOGICAL = [
 ]
 
 
+def force_fallback(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Run ``match`` as without google-re2, its one-time warning already given."""
+    monkeypatch.setattr(pipes_module, "_re2", None)
+    monkeypatch.setattr(pipes_module, "_fallback_warned", True)
+
+
 @pytest.mark.parametrize(("pattern", "text"), PATHOLOGICAL)
 def test_pathological_regex_with_re2_is_linear(pattern: str, text: str) -> None:
     assert pipes_module.RE2_AVAILABLE
@@ -236,13 +242,13 @@ def test_pathological_regex_without_re2_is_refused_within_the_documented_bound(
     monkeypatch: pytest.MonkeyPatch, pattern: str, text: str
 ) -> None:
     """Without RE2, a pattern whose estimated work passes the budget returns ""."""
-    monkeypatch.setattr(pipes_module, "_re2", None)
+    force_fallback(monkeypatch)
     outcome = bounded(lambda: BUILTIN_PIPES["match"](text, pattern), budget=2.0)
     assert outcome == ""
 
 
 def test_fallback_still_matches_ordinary_patterns(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(pipes_module, "_re2", None)
+    force_fallback(monkeypatch)
     match = BUILTIN_PIPES["match"]
     assert match("video_12345_hd", r"\d+") == "12345"
     assert match("clip-2024-01.mp4", r"(\d+)-(\d+)\.mp4") == "2024-01.mp4"
@@ -255,7 +261,7 @@ def test_fallback_cost_estimate_is_an_upper_bound_in_practice(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     """Patterns just inside the budget finish quickly on their worst text."""
-    monkeypatch.setattr(pipes_module, "_re2", None)
+    force_fallback(monkeypatch)
     for pattern, char in ((r"\d+y", "1"), (r"\d+\d+y", "1"), (r"a*a*a*b", "a"), (".*.*=.*", "x")):
         low, high = 1, 1_000_000
         while low < high:
@@ -304,13 +310,13 @@ _REGEX_PIECES = st.sampled_from(
     re2=st.booleans(),
 )
 def test_match_is_bounded_for_any_pattern(pattern: str, text: str, re2: bool) -> None:
-    saved = pipes_module._re2
+    saved, warned = pipes_module._re2, pipes_module._fallback_warned
     if not re2:
-        pipes_module._re2 = None
+        pipes_module._re2, pipes_module._fallback_warned = None, True
     try:
         outcome = bounded(lambda: BUILTIN_PIPES["match"](text, pattern), budget=2.0)
     finally:
-        pipes_module._re2 = saved
+        pipes_module._re2, pipes_module._fallback_warned = saved, warned
     assert isinstance(outcome, str)
 
 

@@ -107,9 +107,17 @@ def test_write_that_loses_its_connection_fails_clearly_and_writes_nothing(
         assert store.get_run_status("run-1") is RunStatus.RUNNING
 
 
-def test_unreachable_server_is_store_unavailable() -> None:
-    with pytest.raises(StoreUnavailableError):
+def test_a_refusing_server_is_waited_for_then_store_unavailable_naming_the_cause() -> None:
+    # Nothing listens on port 1: a server that is restarting looks like this,
+    # so opening keeps trying for the reconnect timeout.
+    begun = time.monotonic()
+    with pytest.raises(StoreUnavailableError) as caught:
         PostgresStore("postgresql://nobody@127.0.0.1:1/none", reconnect_timeout=1.0)
+    assert time.monotonic() - begun >= 0.9
+    message = str(caught.value)
+    assert message.startswith("cannot connect to the PostgreSQL server within 1.0s: ")
+    assert "Connection refused" in message
+    assert "\n" not in message
 
 
 def test_enqueue_wakes_a_worker_waiting_in_dequeue(postgres_url: str, schema: str) -> None:

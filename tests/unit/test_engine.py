@@ -241,6 +241,23 @@ def test_a_worker_leaves_a_task_it_has_no_plugin_for_to_a_worker_that_has_it(
     assert result.ok and result.outputs["a"][0].fields["ok"] is True
 
 
+def test_run_refuses_an_unknown_plugin_before_storing_with_did_you_mean(tmp_path: Path) -> None:
+    with Engine("memory://", execution_root=tmp_path) as engine:
+        engine.plugin("score_order")(lambda inputs, ctx: {})
+        nodes = [
+            DagNode(slug="a", plugin="scroe_order"),
+            DagNode(slug="b", plugin="no_such_module_here:fn"),
+        ]
+        with pytest.raises(UnknownPluginError) as caught:
+            engine.run(nodes, timeout=30)
+        assert engine.list_runs() == []
+    message = str(caught.value)
+    assert "node 'a': no plugin is registered as 'scroe_order'; did you mean 'score_order'?" in (
+        message
+    )
+    assert "node 'b': plugin 'no_such_module_here:fn': cannot import module" in message
+
+
 def test_urls(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.chdir(tmp_path)
     with Engine() as engine:

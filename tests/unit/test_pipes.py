@@ -427,13 +427,19 @@ def _load_pipes_copy(name: str) -> ModuleType:
     return module
 
 
-def test_pp_15_without_re2_import_warns_and_falls_back(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_pp_15_without_re2_the_first_match_warns_once_and_falls_back(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
     monkeypatch.setitem(sys.modules, "re2", None)  # makes ``import re2`` fail
-    with pytest.warns(RuntimeWarning, match="google-re2 is not installed"):
-        copy = _load_pipes_copy("dagwerk_pipes_without_re2")
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        copy = _load_pipes_copy("dagwerk_pipes_without_re2")  # importing says nothing
     assert copy.RE2_AVAILABLE is False
     match = copy.BUILTIN_PIPES["match"]
-    assert match("video_12345_hd", r"\d+") == "12345"
+    with pytest.warns(RuntimeWarning, match="google-re2 is not installed") as caught:
+        assert match("video_12345_hd", r"\d+") == "12345"
+        assert match("video_12345_hd", r"[a-z]+") == "video"
+    assert len(caught) == 1
     assert match("test", "[invalid") == ""
     # Python's re parses nested groups recursively: RecursionError -> "".
     assert match("x", "(" * 2000 + ")" * 2000) == ""

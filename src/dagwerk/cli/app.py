@@ -15,7 +15,9 @@ import json
 import os
 import re
 import sys
+import warnings
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Any, Final
 
 import click
@@ -207,6 +209,8 @@ def cli(debug: bool) -> None:
     """dagwerk: durable DAG workflows.
 
     Describe a pipeline in a YAML or JSON file, check it, draw it, run it.
+    Plugin modules are found in the pipeline file's folder, the current
+    directory and the installed packages.
 
     \b
     Examples:
@@ -214,10 +218,30 @@ def cli(debug: bool) -> None:
       dagwerk graph examples/pipelines/etl.yaml --format mermaid
       dagwerk schema > pipeline.schema.json
     """
+    from dagwerk.engine import search_for_plugins_in
+
+    # After the installed packages, as for a pipeline file's folder; the
+    # same for `dagwerk` and `python -m dagwerk` (see __main__).
+    search_for_plugins_in(Path.cwd())
+
+
+def _show_warning(  # noqa: PLR0917 - the signature of warnings.showwarning
+    message: Warning | str,
+    category: type[Warning],
+    filename: str,
+    lineno: int,
+    file: Any = None,
+    line: str | None = None,
+) -> None:
+    # A user of the command gets one line, not the source line in dagwerk.
+    click.echo(f"warning: {safe_line(str(message))}", err=True)
 
 
 def main(argv: Sequence[str] | None = None) -> None:
-    """Run the ``dagwerk`` command (``argv`` defaults to ``sys.argv[1:]``)."""
+    """Run the ``dagwerk`` command (``argv`` defaults to ``sys.argv[1:]``).
+
+    Warnings are shown as one ``warning: ...`` line on stderr."""
+    warnings.showwarning = _show_warning
     try:
         cli.main(args=list(argv) if argv is not None else None, prog_name="dagwerk")
     except BrokenPipeError:

@@ -21,8 +21,9 @@ from dagwerk.cli.app import EXIT_FAILURE, JSON_OUTPUT, InvalidInputError, safe_l
 
 if TYPE_CHECKING:
     from dagwerk.constants import RunStatus
-    from dagwerk.engine import Engine
+    from dagwerk.engine import Engine, EngineRegistry
     from dagwerk.models import DagNode
+    from dagwerk.pipeline_file import Pipeline, PipelineFileError
 
 __all__ = [
     "DEFAULT_DB",
@@ -34,9 +35,13 @@ __all__ = [
     "json_option",
     "json_text",
     "last_nodes",
+    "load_pipeline_plugins",
     "log_level_option",
+    "no_plugin_check_option",
     "open_engine",
     "parse_json_argument",
+    "pipeline_plugin_errors",
+    "plugins_option",
     "read_run_input",
     "render_table",
     "task_logging",
@@ -50,8 +55,17 @@ DEFAULT_DB = "sqlite:///dagwerk.db"
 DB_HELP = "Database URL: sqlite:///path.db (default ./dagwerk.db), memory:// or postgresql://..."
 
 
+_SCHEMA_KEY = "dagwerk.schema"
+
+
+def _remember_schema(ctx: click.Context, _param: click.Parameter, value: str | None) -> None:
+    ctx.meta[_SCHEMA_KEY] = value
+
+
 def db_option(fn: F) -> F:
-    """``--db URL`` (also ``DAGWERK_DB``), default ``sqlite:///dagwerk.db``."""
+    """``--db URL`` (also ``DAGWERK_DB``), default ``sqlite:///dagwerk.db``,
+    and ``--schema NAME`` (also ``DAGWERK_SCHEMA``), which
+    :func:`open_engine` reads."""
     option = click.option(
         "--db",
         "db",
@@ -61,7 +75,76 @@ def db_option(fn: F) -> F:
         metavar="URL",
         help=DB_HELP + " Also DAGWERK_DB.",
     )
-    return option(fn)
+    schema = click.option(
+        "--schema",
+        envvar="DAGWERK_SCHEMA",
+        metavar="NAME",
+        expose_value=False,
+        callback=_remember_schema,
+        help="PostgreSQL schema of dagwerk's tables, created if missing (same as "
+        "?schema=NAME in the URL). Also DAGWERK_SCHEMA.",
+    )
+    return option(schema(fn))
+
+
+def plugins_option(fn: F) -> F:
+    """``--plugins MODULE`` (repeatable), as the ``plugin_modules`` parameter."""
+    return click.option(
+        "--plugins",
+        "plugin_modules",
+        multiple=True,
+        metavar="MODULE",
+        help="Import this plugin module (dotted name or .py file) first; repeatable.",
+    )(fn)
+
+
+def no_plugin_check_option(fn: F) -> F:
+    """``--no-plugin-check``, as the ``plugin_check`` parameter (default True)."""
+    return click.option(
+        "--no-plugin-check",
+        "plugin_check",
+        is_flag=True,
+        flag_value=False,
+        default=True,
+        help="Do not import the plugin modules or check the nodes' plugin names "
+        "(for a machine without the plugins' code).",
+    )(fn)
+
+
+def pipeline_plugin_errors(pipeline: Pipeline, registry: EngineRegistry) -> list[PipelineFileError]:
+    """One error, located in the pipeline file, per node whose plugin
+    ``registry`` cannot resolve (plugin modules already imported)."""
+    from dagwerk.engine import plugin_problems
+
+    return [
+        pipeline.error_at(("nodes", problem.index, "plugin"), problem.reason, rule="unknown_plugin")
+        for problem in plugin_problems(pipeline.nodes, registry)
+    ]
+
+
+def load_pipeline_plugins(
+    pipeline: Pipeline, registry: EngineRegistry, extra_modules: Sequence[str] = ()
+) -> None:
+    """Import the modules the pipeline's ``plugins:`` lists (searched in its
+    folder) and ``extra_modules`` (``--plugins``), then check every node's
+    plugin. The first module that cannot be imported, or node whose plugin
+    does not resolve, raises its
+    :class:`~dagwerk.pipeline_file.PipelineFileError` (exit 2)."""
+    from dagwerk.engine import PluginImportError, import_plugin_modules, search_for_plugins_in
+
+    base_dir = Path(pipeline.source).parent
+    search_for_plugins_in(base_dir)
+    for index, module in enumerate(pipeline.plugins):
+        try:
+            import_plugin_modules([module], base_dir=base_dir)
+        except PluginImportError as error:
+            raise pipeline.error_at(
+                ("plugins", index), str(error), rule="plugin_import_failed"
+            ) from error
+    import_plugin_modules(extra_modules)
+    errors = pipeline_plugin_errors(pipeline, registry)
+    if errors:
+        raise errors[0]
 
 
 def _note_json(ctx: click.Context, param: click.Parameter, value: bool) -> bool:
@@ -86,13 +169,18 @@ def json_option(fn: F) -> F:
 
 
 def open_engine(db: str, *, create: bool = True) -> Engine:
-    """An engine on ``db``; a bad URL is invalid input (exit 2).
+    """An engine on ``db`` (in the ``--schema`` of the current command, if
+    given); a bad URL is invalid input (exit 2).
 
     ``create=False`` is for commands about runs already stored: a SQLite file
     that does not exist is invalid input naming the path, not a new empty
     database (a typo in ``--db`` must not answer "no runs")."""
     from dagwerk.engine import Engine
 
+    ctx = click.get_current_context(silent=True)
+    schema = ctx.meta.get(_SCHEMA_KEY) if ctx is not None else None
+    if schema is not None and not db.startswith(("postgresql:", "postgres:")):
+        raise InvalidInputError("--schema applies to postgresql:// databases only")
     if not create and db.startswith("sqlite:"):
         from dagwerk.backends.sqlite import sqlite_path
 
@@ -103,7 +191,7 @@ def open_engine(db: str, *, create: bool = True) -> Engine:
                 f"no database at {path} (--db {db}): nothing is stored there; "
                 "check --db or DAGWERK_DB"
             )
-    return Engine(db)
+    return Engine(db) if schema is None else Engine(db, schema=schema)
 
 
 def parse_json_argument(text: str, what: str) -> object:

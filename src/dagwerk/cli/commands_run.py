@@ -6,7 +6,7 @@ import shlex
 import signal
 import sys
 import threading
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from pathlib import Path
 from types import FrameType
 from typing import TYPE_CHECKING
@@ -23,8 +23,11 @@ from dagwerk.cli.commands_common import (
     json_option,
     json_text,
     last_nodes,
+    load_pipeline_plugins,
     log_level_option,
+    no_plugin_check_option,
     open_engine,
+    plugins_option,
     read_run_input,
     task_logging,
 )
@@ -44,16 +47,6 @@ EXIT_INTERRUPTED = 130
 """``run`` stopped by Ctrl-C (128 + SIGINT, as shells report it)."""
 
 
-def _plugins_option(fn: click.decorators.FC) -> click.decorators.FC:
-    return click.option(
-        "--plugins",
-        "plugin_modules",
-        multiple=True,
-        metavar="MODULE",
-        help="Import this plugin module (dotted name or .py file) first; repeatable.",
-    )(fn)
-
-
 def _queue_option(fn: click.decorators.FC) -> click.decorators.FC:
     return click.option(
         "--queue",
@@ -71,26 +64,6 @@ def _input_options(fn: click.decorators.FC) -> click.decorators.FC:
     return click.option(
         "--input", "input_text", metavar="JSON", help="Run input as a JSON object."
     )(fn)
-
-
-def _load(pipeline_file: str, engine: Engine, extra_modules: Sequence[str]) -> Pipeline:
-    from dagwerk.pipeline_file import load_pipeline
-
-    pipeline = load_pipeline(pipeline_file)
-    engine.load_plugins(pipeline.plugins, base_dir=Path(pipeline.source).parent)
-    engine.load_plugins(extra_modules)
-    return pipeline
-
-
-def _check_plugins(pipeline: Pipeline, engine: Engine) -> None:
-    """Every node's plugin must be known before anything is stored (exit 2)."""
-    for node in pipeline.nodes:
-        if node.plugin in engine.plugins or ":" in node.plugin:
-            continue
-        raise InvalidInputError(
-            f"{pipeline.source}: node '{node.slug}': no plugin is registered as "
-            f"'{node.plugin}'; list its module under 'plugins:' or pass --plugins MODULE"
-        )
 
 
 def _print_result(result: RunResult, pipeline: Pipeline) -> None:
@@ -211,7 +184,7 @@ def _interrupted(engine: Engine, run_id: str, db: str, pipeline_file: str) -> No
 @db_option
 @click.option("--workers", default=2, show_default=True, type=click.IntRange(1, 256))
 @click.option("--executor", type=_EXECUTORS, default="thread", show_default=True)
-@_plugins_option
+@plugins_option
 @_queue_option
 @click.option("--timeout", type=click.FloatRange(min=0, min_open=True), help="Give up after S s.")
 @click.option("--run-id", help="Use this run ID (default: a fresh one).")
@@ -250,14 +223,17 @@ def run(
       dagwerk run examples/pipelines/etl.yaml
       dagwerk run examples/pipelines/etl.yaml --input '{"since": "2024-06-01"}' --json
     """
-    from dagwerk.engine import new_run_id
+    from dagwerk.engine import EngineRegistry, new_run_id
+    from dagwerk.pipeline_file import load_pipeline
 
     run_input = read_run_input(input_text, input_file)
+    pipeline = load_pipeline(pipeline_file)
+    # Before the database is opened: a node whose plugin cannot be found
+    # stores nothing.
+    load_pipeline_plugins(pipeline, EngineRegistry(), plugin_modules)
     click.get_current_context().with_resource(task_logging(log_level))
     run_id = run_id if run_id is not None else new_run_id()
     with open_engine(db) as engine:
-        pipeline = _load(pipeline_file, engine, plugin_modules)
-        _check_plugins(pipeline, engine)
         try:
             if is_terminal() and not as_json:
                 result = _run_with_live_display(
@@ -338,6 +314,8 @@ def _run_with_live_display(
 @_input_options
 @db_option
 @click.option("--run-id", help="Use this run ID (default: a fresh one).")
+@plugins_option
+@no_plugin_check_option
 @json_option
 def submit(
     *,
@@ -346,21 +324,29 @@ def submit(
     input_file: str | None,
     db: str,
     run_id: str | None,
+    plugin_modules: tuple[str, ...],
+    plugin_check: bool,
     as_json: bool,
 ) -> None:
     """Store and start a run of a pipeline file; print its ID and return.
 
-    Workers (`dagwerk worker`) serving the same database do the work.
+    Workers (`dagwerk worker`) serving the same database do the work. The
+    pipeline's plugin modules are imported and every node's plugin checked
+    first, so a misspelt name is refused before anything is stored
+    (--no-plugin-check skips this on a machine without the plugins' code).
 
     \b
     Examples:
       dagwerk submit examples/pipelines/approval.yaml --input '{"topic": "dagwerk 1.0"}'
       dagwerk worker --pipeline examples/pipelines/approval.yaml
     """
+    from dagwerk.engine import EngineRegistry
     from dagwerk.pipeline_file import load_pipeline
 
     run_input = read_run_input(input_text, input_file)
     pipeline = load_pipeline(pipeline_file)
+    if plugin_check:
+        load_pipeline_plugins(pipeline, EngineRegistry(), plugin_modules)
     with open_engine(db) as engine:
         new_id = engine.submit(pipeline, run_input, run_id=run_id)
     if as_json:
@@ -373,7 +359,7 @@ def submit(
 @db_option
 @click.option("--concurrency", default=4, show_default=True, type=click.IntRange(1, 1024))
 @click.option("--executor", type=_EXECUTORS, default="thread", show_default=True)
-@_plugins_option
+@plugins_option
 @click.option(
     "--pipeline",
     "pipelines",
@@ -452,13 +438,11 @@ def worker(
             engine.load_plugins(pipeline.plugins, base_dir=Path(pipeline.source).parent)
             loaded.append(pipeline)
         engine.load_plugins(plugin_modules)
-        # Plugins named by import path resolve against the current directory,
-        # as they would for `python -m`.
-        if "" not in sys.path and str(Path.cwd()) not in sys.path:
-            sys.path.append(str(Path.cwd()))
+        # A worker leases only tasks whose plugin it has: resolve every
+        # node's plugin (an import path included) before serving.
         for pipeline in loaded:
             try:
-                engine.require_plugins(pipeline)
+                engine.check_plugins(pipeline)
             except DagwerkError as exc:
                 raise InvalidInputError(f"{pipeline.source}: {exc}") from exc
         serving = engine.worker(

@@ -1,6 +1,7 @@
 """Commands that need no database: ``validate``, ``graph`` and ``schema``.
 
-They read pipeline files and print text; nothing here starts a run. Heavy
+They read pipeline files and print text (``validate`` also imports the
+plugin modules a pipeline lists); nothing here starts a run. Heavy
 imports happen inside the commands so that ``dagwerk --help`` stays quick.
 """
 
@@ -13,6 +14,11 @@ from typing import TYPE_CHECKING, Any
 import click
 
 from dagwerk.cli.app import EXIT_INVALID, safe_line
+from dagwerk.cli.commands_common import (
+    load_pipeline_plugins,
+    no_plugin_check_option,
+    plugins_option,
+)
 
 if TYPE_CHECKING:
     from dagwerk.pipeline_file import Pipeline, PipelineFileError
@@ -73,24 +79,37 @@ def _error_document(error: PipelineFileError) -> dict[str, Any]:
 
 @click.command()
 @click.argument("pipeline_file", metavar="PIPELINE", type=_PIPELINE)
+@plugins_option
+@no_plugin_check_option
 @click.option("--json", "as_json", is_flag=True, help="Print the result as a JSON object.")
 @click.pass_context
-def validate(ctx: click.Context, pipeline_file: str, as_json: bool) -> None:
+def validate(
+    ctx: click.Context,
+    pipeline_file: str,
+    plugin_modules: tuple[str, ...],
+    plugin_check: bool,
+    as_json: bool,
+) -> None:
     """Check a pipeline file and print a one-line summary.
 
     Exits 0 when PIPELINE is valid and 2 when it is not; the error names
-    the file, the line, the node and the field at fault. With --json the
-    result (valid or not) is a JSON object on stdout.
+    the file, the line, the node and the field at fault. The modules under
+    'plugins:' (and --plugins) are imported and every node's plugin name
+    checked, as `run` and `submit` do. With --json the result (valid or not)
+    is a JSON object on stdout.
 
     \b
     Examples:
       dagwerk validate examples/pipelines/etl.yaml
       dagwerk validate pipeline.json --json
     """
+    from dagwerk.engine import EngineRegistry
     from dagwerk.pipeline_file import PipelineFileError, load_pipeline
 
     try:
         pipeline = load_pipeline(pipeline_file)
+        if plugin_check:
+            load_pipeline_plugins(pipeline, EngineRegistry(), plugin_modules)
     except PipelineFileError as error:
         if not as_json:
             raise

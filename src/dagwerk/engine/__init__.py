@@ -21,8 +21,11 @@ from ._plugins import (
     DEFAULT_REGISTRY,
     EngineRegistry,
     PluginImportError,
+    PluginProblem,
     import_plugin_modules,
     plugin,
+    plugin_problems,
+    search_for_plugins_in,
 )
 from ._results import RunNotFoundError, RunProgress, RunResult
 from ._urls import DEFAULT_URL, BackendUnavailableError, open_store
@@ -35,6 +38,7 @@ __all__ = [
     "EngineError",
     "EngineRegistry",
     "PluginImportError",
+    "PluginProblem",
     "ResumeRejectedError",
     "RunExistsError",
     "RunNotFoundError",
@@ -47,4 +51,6 @@ __all__ = [
     "new_run_id",
     "open_store",
     "plugin",
+    "plugin_problems",
+    "search_for_plugins_in",
 ]

@@ -36,6 +36,7 @@ from dagwerk.pipelines.loader import Pipeline
 from dagwerk.plugins import PluginMeta
 from dagwerk.retry import RetryRejectedError, RunRetryResult, rerun_nodes, retry_run
 from dagwerk.runtime.backstop import DEFAULT_BACKSTOP_INTERVAL, check_backstop_interval
+from dagwerk.runtime.errors import UnknownPluginError
 from dagwerk.runtime.plugins import CostEstimateFn, PluginFn
 from dagwerk.runtime.retry_policy import RetryPolicy
 from dagwerk.runtime.worker import Worker
@@ -52,7 +53,7 @@ from dagwerk.store import (
 )
 from dagwerk.waiting import resume_task
 
-from ._plugins import EngineRegistry, import_plugin_modules
+from ._plugins import EngineRegistry, import_plugin_modules, plugin_problems
 from ._results import RunNotFoundError, RunProgress, RunResult, read_progress, read_result
 from ._urls import DEFAULT_URL, open_store
 
@@ -216,13 +217,24 @@ class Engine:
         :func:`~dagwerk.engine.import_plugin_modules`."""
         import_plugin_modules(modules, base_dir=base_dir)
 
-    def require_plugins(self, nodes: Sequence[DagNode] | Pipeline) -> None:
-        """Resolve every node's plugin, importing those named by import path,
-        so this engine's workers serve them. A worker leases only tasks whose
-        plugin it has; raises :class:`~dagwerk.runtime.errors.UnknownPluginError`
-        (or ``PluginImportError``) naming the first plugin it cannot resolve."""
-        for node in nodes.nodes if isinstance(nodes, Pipeline) else nodes:
-            self.plugins.get(node.plugin)
+    def check_plugins(self, nodes: Sequence[DagNode] | Pipeline) -> None:
+        """Raise :class:`~dagwerk.runtime.errors.UnknownPluginError` naming
+        every node whose plugin this engine cannot resolve (registered here,
+        with ``@dagwerk.plugin``, or an importable ``module:function``), with
+        a "did you mean" for a close name. A pipeline's ``plugins`` modules
+        are imported first. Resolving an import path also registers it, so
+        this engine's workers serve it (a worker leases only tasks whose
+        plugin it has)."""
+        if isinstance(nodes, Pipeline):
+            self.load_plugins(nodes.plugins, base_dir=Path(nodes.source).parent)
+        problems = plugin_problems(
+            nodes.nodes if isinstance(nodes, Pipeline) else nodes, self.plugins
+        )
+        if problems:
+            raise UnknownPluginError(
+                "; ".join(f"node {problem.slug!r}: {problem.reason}" for problem in problems),
+                field="plugin",
+            )
 
     # --- runs --------------------------------------------------------------------
 
@@ -340,13 +352,11 @@ class Engine:
         task of ``queues`` (``None``: every queue) whose plugin it has (other
         runs' tasks it picked up are released for other workers). A
         pipeline's ``plugins`` modules are imported first, and every node's
-        plugin must resolve (:meth:`require_plugins`) before anything is
+        plugin must resolve (:meth:`check_plugins`) before anything is
         stored. Raises :class:`RunWaitTimeoutError` after ``timeout``
         seconds, leaving the run as it is.
         """
-        if isinstance(nodes, Pipeline):
-            self.load_plugins(nodes.plugins, base_dir=Path(nodes.source).parent)
-        self.require_plugins(nodes)
+        self.check_plugins(nodes)
         run_id = self.submit(
             nodes, input, run_id=run_id, failure_policy=failure_policy, budgets=budgets
         )

@@ -4,28 +4,40 @@ registry, then an import path (``package.module:function``).
 ``@dagwerk.plugin("name")`` registers into the default registry, so a plugin
 module only needs importing (``plugins:`` in a pipeline file, ``--plugins``
 on the command line) for every engine and worker in the process to see it.
+Modules are found on ``sys.path``, to which a pipeline file's folder is
+appended when its plugins are loaded (and the ``dagwerk`` command appends
+the current directory).
 """
 
 from __future__ import annotations
 
+import difflib
 import importlib
+import pkgutil
 import re
 import sys
 from collections.abc import Callable, Iterable
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Final
+from typing import TYPE_CHECKING, Final
 
 from dagwerk.errors import DagwerkError
 from dagwerk.runtime.errors import UnknownPluginError
 from dagwerk.runtime.plugins import CostEstimateFn, PluginFn, PluginRegistry, PluginSpec
 from dagwerk.runtime.retry_policy import RetryPolicy
 
+if TYPE_CHECKING:
+    from dagwerk.models import DagNode
+
 __all__ = [
     "DEFAULT_REGISTRY",
     "EngineRegistry",
     "PluginImportError",
+    "PluginProblem",
     "import_plugin_modules",
     "plugin",
+    "plugin_problems",
+    "search_for_plugins_in",
 ]
 
 DEFAULT_REGISTRY: Final = PluginRegistry()
@@ -70,18 +82,37 @@ def _spec_for_function(name: str, fn: PluginFn) -> PluginSpec:
     return PluginSpec(name, fn, RetryPolicy())
 
 
+def _did_you_mean(name: str, candidates: Iterable[str]) -> str:
+    close = difflib.get_close_matches(name, list(candidates), n=1, cutoff=0.6)
+    return f"; did you mean {close[0]!r}?" if close else ""
+
+
+def _module_hint(module_name: str, error: ImportError) -> str:
+    """A "did you mean" for a module that was not found, among the top-level
+    modules on ``sys.path`` (a package's submodules would need importing it)."""
+    if not isinstance(error, ModuleNotFoundError) or error.name != module_name:
+        return ""
+    return _did_you_mean(module_name, (found.name for found in pkgutil.iter_modules()))
+
+
 def _import_function(path: str) -> PluginFn:
     module_name, _, attribute = path.partition(":")
     try:
         module = importlib.import_module(module_name)
     except ImportError as error:
         raise PluginImportError(
-            f"plugin {path!r}: cannot import module {module_name!r}: {error}", field="plugin"
+            f"plugin {path!r}: cannot import module {module_name!r}: {error}"
+            + _module_hint(module_name, error),
+            field="plugin",
         ) from error
     fn = getattr(module, attribute, None)
     if fn is None or not callable(fn):
+        functions = (
+            key for key, value in vars(module).items() if callable(value) and key[:1] != "_"
+        )
         raise UnknownPluginError(
-            f"plugin {path!r}: module {module_name!r} has no function {attribute!r}",
+            f"plugin {path!r}: module {module_name!r} has no function {attribute!r}"
+            + _did_you_mean(attribute, functions),
             field="plugin",
         )
     result: PluginFn = fn
@@ -110,9 +141,14 @@ class EngineRegistry(PluginRegistry):
                 timeout_seconds=spec.timeout_seconds,
                 cost=spec.cost,
             )
+        hint = _did_you_mean(name, self.names()) if isinstance(name, str) else ""
         raise UnknownPluginError(
-            f"no plugin is registered as {name!r}; import the module that registers it "
-            "(pipeline 'plugins:' or --plugins) or name it as 'package.module:function'",
+            f"no plugin is registered as {name!r}"
+            + (
+                hint
+                or "; import the module that registers it (pipeline 'plugins:' or "
+                "--plugins) or name it as 'package.module:function'"
+            ),
             field="plugin",
         )
 
@@ -125,8 +161,33 @@ class EngineRegistry(PluginRegistry):
         return super().names() | DEFAULT_REGISTRY.names()
 
 
-def _add_to_path(directory: Path) -> None:
-    entry = str(directory.resolve())
+@dataclass(frozen=True, slots=True)
+class PluginProblem:
+    """A node whose plugin cannot be resolved: its position in the node
+    list, its slug, and the reason (with a "did you mean" when a registered
+    name or a function of the module is close)."""
+
+    index: int
+    slug: str
+    plugin: str
+    reason: str
+
+
+def plugin_problems(nodes: Iterable[DagNode], registry: EngineRegistry) -> list[PluginProblem]:
+    """Resolve every node's plugin in ``registry`` (importing the module of
+    each ``package.module:function``); one problem per node that fails."""
+    problems: list[PluginProblem] = []
+    for index, node in enumerate(nodes):
+        try:
+            registry.get(node.plugin)
+        except (UnknownPluginError, PluginImportError) as error:
+            problems.append(PluginProblem(index, node.slug, node.plugin, str(error)))
+    return problems
+
+
+def search_for_plugins_in(directory: str | Path) -> None:
+    """Append ``directory`` (made absolute) to ``sys.path`` unless it is there."""
+    entry = str(Path(directory).resolve())
     if entry not in sys.path:
         # Appended, not prepended: a local file never shadows an installed module.
         sys.path.append(entry)
@@ -139,9 +200,12 @@ def import_plugin_modules(modules: Iterable[str], *, base_dir: str | Path | None
     directory is added to ``sys.path`` and the file imported by its stem, so
     worker processes started by the process executor can import it too.
     ``base_dir`` (a pipeline file's directory) resolves relative file paths
-    and is searched for module names.
+    and is searched for module names, also those of plugins named by import
+    path (``module:function``) that are imported later.
     """
     base = Path(base_dir) if base_dir is not None else None
+    if base is not None:
+        search_for_plugins_in(base)
     for entry in modules:
         if not isinstance(entry, str) or not entry:
             raise PluginImportError("plugin module names must be non-empty strings")
@@ -151,19 +215,19 @@ def import_plugin_modules(modules: Iterable[str], *, base_dir: str | Path | None
                 file = base / file
             if not file.is_file():
                 raise PluginImportError(f"plugin file {entry!r} does not exist", field="plugins")
-            _add_to_path(file.parent)
+            search_for_plugins_in(file.parent)
             module_name = file.stem
         else:
             if not _MODULE_NAME.match(entry):
                 raise PluginImportError(
                     f"plugin module {entry!r} is not a dotted module name", field="plugins"
                 )
-            if base is not None:
-                _add_to_path(base)
             module_name = entry
         try:
             importlib.import_module(module_name)
         except ImportError as error:
             raise PluginImportError(
-                f"cannot import plugin module {entry!r}: {error}", field="plugins"
+                f"cannot import plugin module {entry!r}: {error}"
+                + _module_hint(module_name, error),
+                field="plugins",
             ) from error

@@ -13,7 +13,7 @@ from __future__ import annotations
 import os
 import re
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Final
 
@@ -59,6 +59,15 @@ class Pipeline:
     failure_policy: FailurePolicy
     nodes: tuple[DagNode, ...]
     source: str
+    document: SourceDocument | None = field(default=None, repr=False, compare=False)
+    """The parsed file, for locating problems found after loading."""
+
+    def error_at(self, path: FieldPath, reason: str, *, rule: str) -> PipelineFileError:
+        """A :class:`PipelineFileError` for the field at ``path`` (such as
+        ``("nodes", 2, "plugin")``), with its line when the file is known."""
+        if self.document is None:
+            return PipelineFileError(reason, path=self.source, field=format_field(path), rule=rule)
+        return _located(self.document, path, reason, rule=rule)
 
     @property
     def edge_count(self) -> int:
@@ -126,6 +135,7 @@ def _build(document: SourceDocument, *, default_name: str) -> Pipeline:
         failure_policy=spec.failure_policy,
         nodes=tuple(spec.nodes),
         source=document.path,
+        document=document,
     )
 
 

@@ -25,6 +25,8 @@ import psycopg_pool
 
 from dagwerk.backends.errors import StoreUnavailableError
 
+from .errors import connect_failure, server_may_come_back
+
 __all__ = ["Conn", "Connections", "Parked", "enter_pipeline", "leave_pipeline", "send_sync"]
 
 Conn = psycopg.Connection[dict[str, Any]]
@@ -121,6 +123,7 @@ class Connections:
         self._pool: psycopg_pool.ConnectionPool[Conn] | None = self._open()
 
     def _open(self) -> psycopg_pool.ConnectionPool[Conn]:
+        self._reach_server()
         pool: psycopg_pool.ConnectionPool[Conn] = psycopg_pool.ConnectionPool(
             self._url,
             connection_class=psycopg.Connection,
@@ -139,6 +142,39 @@ class Connections:
                 f"cannot connect to the PostgreSQL server within {self._timeout}s"
             ) from exc
         return pool
+
+    def _reach_server(self) -> None:
+        """Return once one connection to the server succeeds; raise at once
+        if the server rejects it for good (host, database, role, password,
+        URL), after the reconnect timeout if it keeps refusing or timing out.
+
+        This comes before the pool so that a failure is one error naming its
+        cause; the pool's background threads would log every attempt and end
+        with a bare timeout.
+        """
+        deadline = time.monotonic() + self._timeout
+        pause = 0.05
+        while True:
+            left = deadline - time.monotonic()
+            try:
+                conn = psycopg.connect(
+                    self._url, connect_timeout=max(2, int(left)), **self._kwargs
+                )
+            except psycopg.Error as exc:
+                reason = connect_failure(exc)
+                if not server_may_come_back(exc):
+                    raise StoreUnavailableError(f"cannot connect to PostgreSQL: {reason}") from exc
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    raise StoreUnavailableError(
+                        f"cannot connect to the PostgreSQL server within {self._timeout}s: "
+                        f"{reason}"
+                    ) from exc
+                time.sleep(min(pause, left))
+                pause = min(pause * 2, 1.0)
+                continue
+            conn.close()
+            return
 
     def _current(self) -> psycopg_pool.ConnectionPool[Conn]:
         with self._lock:

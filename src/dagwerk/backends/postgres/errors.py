@@ -18,7 +18,13 @@ from dagwerk.backends.errors import (
 from dagwerk.errors import DagwerkError
 from dagwerk.store import InvalidStoreValueError, OutputPublicationError, StoreContractError
 
-__all__ = ["check_params", "is_connection_error", "translate_error"]
+__all__ = [
+    "check_params",
+    "connect_failure",
+    "is_connection_error",
+    "server_may_come_back",
+    "translate_error",
+]
 
 _INT64 = range(-(2**63), 2**63)
 # The JSON escape of U+0000: "\u0000" after an even number of backslashes.
@@ -30,6 +36,20 @@ _PUBLICATION = frozenset({"output_insert", "outputs_reserved"})
 # Server states that mean "this connection is gone" (admin shutdown, crash
 # shutdown, cannot connect now) besides the whole 08 class.
 _CONNECTION_STATES = frozenset({"57P01", "57P02", "57P03"})
+# What libpq says when a connection could not be made *yet*: nothing listens
+# on the port (a server restarting), the attempt timed out, the network
+# dropped it, or the server is starting, stopping or full. Any other failure
+# to connect (an unknown host, database or role, a wrong password, a bad
+# option in the URL) stays the same however long one waits. libpq sets no
+# SQLSTATE on a failed connection, so its text is all there is.
+_COMES_BACK = re.compile(
+    r"Connection refused|timeout expired|timed out|Connection reset|No route to host"
+    r"|Network is unreachable|server closed the connection unexpectedly"
+    r"|Temporary failure in name resolution|could not receive data from server"
+    r"|the database system is (?:starting up|shutting down|in recovery mode|not yet accepting)"
+    r"|sorry, too many clients already|remaining connection slots are reserved",
+    re.IGNORECASE,
+)
 
 
 def check_params(
@@ -68,6 +88,22 @@ def is_connection_error(exc: BaseException, conn: psycopg.Connection[object] | N
         # earlier failed statement is that statement's error, not this.
         return not isinstance(exc, psycopg.errors.PipelineAborted)
     return state.startswith("08") or state in _CONNECTION_STATES
+
+
+def server_may_come_back(exc: psycopg.Error) -> bool:
+    """Whether a failed connection attempt is worth repeating: the server
+    refused, timed out or is not accepting connections right now. A rejected
+    URL, host, database, role or password is not."""
+    if isinstance(exc, psycopg.ProgrammingError):
+        return False  # the URL itself (an unknown query parameter, say)
+    return bool(_COMES_BACK.search(str(exc)))
+
+
+def connect_failure(exc: psycopg.Error) -> str:
+    """libpq's reason for a failed connection attempt on one line (its
+    ``connection failed:`` prefix and the layout whitespace removed)."""
+    text = " ".join(str(exc).split())
+    return text.removeprefix("connection failed: ") or type(exc).__name__
 
 
 def translate_error(exc: psycopg.Error, context: str) -> DagwerkError:

@@ -6,7 +6,7 @@ import re
 import time
 from collections.abc import Callable
 from types import TracebackType
-from urllib.parse import urlsplit
+from urllib.parse import unquote, urlsplit
 
 import psycopg
 
@@ -19,7 +19,7 @@ from .errors import translate_error
 from .gateway import PostgresGateway
 from .migrations import migrate
 
-__all__ = ["PostgresStore", "postgres_url"]
+__all__ = ["PostgresStore", "postgres_url", "split_schema"]
 
 _SCHEMES = ("postgresql", "postgres")
 # Schema names are spliced into DDL and connection options, so only plain
@@ -36,6 +36,27 @@ def postgres_url(url: object) -> str:
     if "\x00" in url:
         raise InvalidStoreValueError("store URL contains a NUL character", field="url")
     return url
+
+
+def split_schema(url: str) -> tuple[str, str | None]:
+    """``url`` without its ``schema=NAME`` query parameter, and ``NAME``
+    (None if there is none). libpq refuses query parameters it does not
+    know, so dagwerk's own one is taken out before the driver sees the URL;
+    the other parameters are kept byte for byte."""
+    base, mark, query = url.partition("?")
+    if not mark:
+        return url, None
+    kept: list[str] = []
+    schema: str | None = None
+    for part in query.split("&"):
+        key, _, value = part.partition("=")
+        if unquote(key) == "schema":
+            schema = unquote(value)
+        else:
+            kept.append(part)
+    if schema is None:
+        return url, None
+    return (f"{base}?{'&'.join(kept)}" if kept else base), schema
 
 
 class PostgresStore(SqlStore):
@@ -56,13 +77,17 @@ class PostgresStore(SqlStore):
     (:class:`~dagwerk.store.OutputPublicationError` inside outputs) before
     anything is written.
 
-    ``schema`` puts every table in that PostgreSQL schema (created if
-    missing; default: the connection's current schema, usually ``public``).
+    ``schema`` (or ``?schema=NAME`` in the URL) puts every table in that
+    PostgreSQL schema (created if missing; default: the connection's current
+    schema, usually ``public``).
     ``pool_size`` bounds this process's connections; ``reconnect_timeout``
-    is how long a call waits for the server (a restart, say) before
-    ``StoreUnavailableError``. ``application_name`` labels the connections
-    in ``pg_stat_activity``. ``clock``, ``max_deliveries``,
-    ``default_queue`` and ``default_priority`` are as for
+    is how long a call (and opening) waits for a server that refuses or
+    times out (a restart, say) before ``StoreUnavailableError``; a server
+    that rejects the connection (unknown database or role, wrong password)
+    and an unknown host fail at once, naming the cause.
+    ``application_name`` labels the connections in ``pg_stat_activity``.
+    ``clock``, ``max_deliveries``, ``default_queue`` and ``default_priority``
+    are as for
     :class:`~dagwerk.backends.sqlite.SqliteStore`.
     """
 
@@ -80,7 +105,14 @@ class PostgresStore(SqlStore):
         reconnect_timeout: float = 30.0,
         application_name: str = "dagwerk",
     ) -> None:
-        url = postgres_url(url)
+        url, in_url = split_schema(postgres_url(url))
+        if in_url is not None:
+            if schema is not None and schema != in_url:
+                raise InvalidStoreValueError(
+                    f"schema {schema!r} and the URL's ?schema={in_url} differ; give one",
+                    field="schema",
+                )
+            schema = in_url
         if schema is not None and (not isinstance(schema, str) or not _SCHEMA.match(schema)):
             raise InvalidStoreValueError(
                 "schema must be a lower-case identifier of at most 63 characters", field="schema"
@@ -147,7 +179,8 @@ def _current_schema(gateway: PostgresGateway) -> str:
         conn.close()
     if row is None or row["schema"] is None:
         raise StoreUnavailableError(
-            "the connection's search_path names no existing schema; pass schema=..."
+            "the connection's search_path names no existing schema; add ?schema=NAME "
+            "to the URL (created if missing)"
         )
     schema: str = row["schema"]
     return schema
