@@ -39,7 +39,7 @@ from dagwerk.runtime.plugins import PluginFn
 from dagwerk.runtime.worker import Worker
 from dagwerk.testing.helpers import new_run, root
 
-pytestmark = pytest.mark.skipif(sys.platform == "win32", reason="POSIX signals and process IDs")
+pytestmark = pytest.mark.skipif(sys.platform != "linux", reason="POSIX signals and /proc")
 
 WAIT = 60.0
 
@@ -93,6 +93,15 @@ def _until(condition: Callable[[], bool], what: str) -> None:
 
 def _wrote(file: Path) -> bool:
     return file.exists() and file.read_text() != ""
+
+
+def _exited(pid: int) -> bool:
+    """Dead, reaped or not (a zombie until its parent joins it)."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except FileNotFoundError:
+        return True
+    return stat.rsplit(")", 1)[1].split()[0] in ("Z", "X")
 
 
 def _gone(pid: int) -> bool:
@@ -227,6 +236,16 @@ def test_a_plugin_that_kills_its_process_fails_only_its_attempt(
     assert str(crashed.error) == f"plugin process exited without a result ({why})"
     assert _gone(before)
     assert _pid(_run(executor, pid)) != before
+
+
+def test_an_idle_process_killed_from_outside_is_replaced(executor: ProcessExecutor) -> None:
+    """The OOM killer, an operator's kill: the next attempt does not fail for it."""
+    killed = _pid(_run(executor, pid))
+    os.kill(killed, signal.SIGKILL)
+    _until(lambda: _exited(killed), "the kill to land")  # it died while idle
+    fresh = _pid(_run(executor, pid))
+    assert fresh != killed
+    assert _gone(killed)  # reaped by the pool, not left a zombie
 
 
 # --- what carries over between attempts ----------------------------------------------------

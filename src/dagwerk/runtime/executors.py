@@ -674,17 +674,22 @@ class ProcessExecutor:
         finally:
             signal.unbind(listener)
 
-    def _send(self, job: bytes) -> PluginProcess:
-        """A process that accepted ``job``; one that died while idle is
-        replaced (its pipe refuses the write)."""
+    def _send(self, job: bytes) -> PluginProcess | ExecutionOutcome:
+        """A process that accepted ``job``. One that died while idle is
+        replaced (its pipe refuses the write); a new process that died
+        before it read the job is the attempt's crash."""
         while True:
             process = self._pool.acquire()
             try:
                 process.conn.send_bytes(job)
             except OSError:
                 process.stop(self._join_timeout)
+                process.conn.close()
                 self._pool.release(process, reusable=False)
-                continue
+                if process.ready:
+                    continue
+                error = RuntimeError(_exit_text(process.process.exitcode))
+                return ExecutionOutcome(OutcomeKind.ERROR, error=error)
             return process
 
     def _run(
@@ -697,7 +702,10 @@ class ProcessExecutor:
         signal: AttemptSignal,
         clock: Clock,
     ) -> ExecutionOutcome:
-        process = self._send(job)
+        sent = self._send(job)
+        if isinstance(sent, ExecutionOutcome):
+            return sent
+        process = sent
         died: list[bool] = []
 
         def reader() -> None:
