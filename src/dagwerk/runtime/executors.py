@@ -22,34 +22,32 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import contextvars
 import dataclasses
 import inspect
-import io
 import multiprocessing
 import os
-import pickle
-import sys
 import threading
 import time
 from collections.abc import Callable, Coroutine, Sequence
 from dataclasses import dataclass
-from enum import StrEnum
-from multiprocessing.connection import Connection
-from signal import SIGINT, Signals
-from signal import signal as install_handler
-from types import FrameType
 from typing import Any, Protocol, runtime_checkable
 
-from dagwerk.json import thaw_json
-from dagwerk.models import EmittedOutput, ResolvedOutput, TaskInputs
+from dagwerk.models import TaskInputs
 from dagwerk.runtime._batch_exec import run_batch
+from dagwerk.runtime._plugin_process import (
+    PluginTransferError,
+    exit_text,
+    job_bytes,
+    read_reply,
+    serve_plugin_process,
+)
 from dagwerk.runtime._process_pool import PluginProcess, ProcessPool
 from dagwerk.runtime._threads import spawn
 from dagwerk.runtime.clock import Clock
-from dagwerk.runtime.context import AbortSignal, TaskContext
-from dagwerk.runtime.errors import NonRetryableError, TaskCancelled, WaitRequested
-from dagwerk.runtime.plugins import PluginFn, normalize_outputs
+from dagwerk.runtime.context import TaskContext
+from dagwerk.runtime.errors import TaskCancelled
+from dagwerk.runtime.outcomes import ExecutionOutcome, OutcomeKind, as_coroutine, outcome_of_call
+from dagwerk.runtime.plugins import PluginFn
 
 __all__ = [
     "AsyncExecutor",
@@ -64,31 +62,6 @@ __all__ = [
     "ThreadExecutor",
     "make_executor",
 ]
-
-
-class OutcomeKind(StrEnum):
-    OK = "ok"
-    ERROR = "error"
-    TIMEOUT = "timeout"
-    CANCELLED = "cancelled"
-    WAIT = "wait"
-
-
-@dataclass(frozen=True, slots=True)
-class ExecutionOutcome:
-    """The settled result of one attempt.
-
-    ``outputs`` for OK; ``error`` for ERROR; ``wait_id`` for WAIT.
-    ``retryable`` is False when an isolation stop failed (WK-16): the winning
-    outcome is kept but must not be retried.
-    """
-
-    kind: OutcomeKind
-    outputs: tuple[EmittedOutput, ...] = ()
-    error: BaseException | None = None
-    wait_id: str | None = None
-    retryable: bool = True
-    detail: str = ""
 
 
 class AttemptSignal:
@@ -189,20 +162,6 @@ class Settlement:
         return True
 
 
-def _outcome_of_call(fn: Callable[[], Any], task_id: str) -> ExecutionOutcome:
-    try:
-        result = fn()
-        return ExecutionOutcome(OutcomeKind.OK, outputs=normalize_outputs(result, task_id))
-    except WaitRequested as wait:
-        return ExecutionOutcome(OutcomeKind.WAIT, wait_id=wait.wait_id)
-    except TaskCancelled as exc:
-        return ExecutionOutcome(OutcomeKind.CANCELLED, error=exc)
-    except BaseException as exc:
-        # A plugin error is a task failure, never a worker error; SystemExit
-        # too: it would end the plugin's thread with the attempt unsettled.
-        return ExecutionOutcome(OutcomeKind.ERROR, error=exc)
-
-
 def _await_settlement(
     settlement: Settlement,
     signal: AttemptSignal,
@@ -265,11 +224,11 @@ class ThreadExecutor:
         def call() -> Any:
             result = fn(inputs, ctx)
             if inspect.isawaitable(result):
-                return asyncio.run(_as_coroutine(result))
+                return asyncio.run(as_coroutine(result))
             return result
 
         def body() -> None:
-            settlement.claim(_outcome_of_call(call, ctx.task_id))
+            settlement.claim(outcome_of_call(call, ctx.task_id))
 
         # A pooled daemon thread: same semantics as a new one, without the
         # start-up cost per attempt (see runtime/_threads.py).
@@ -337,10 +296,10 @@ def call_job(job: AttemptJob) -> ExecutionOutcome:
     def call() -> Any:
         result = job.fn(job.inputs, job.ctx)
         if inspect.isawaitable(result):
-            return asyncio.run(_as_coroutine(result))
+            return asyncio.run(as_coroutine(result))
         return result
 
-    return _outcome_of_call(call, job.ctx.task_id)
+    return outcome_of_call(call, job.ctx.task_id)
 
 
 @dataclass(frozen=True, slots=True)
@@ -356,10 +315,6 @@ class AttemptJob:
 
 def _claim_cancelled(settlement: Settlement) -> Callable[[str], object]:
     return lambda reason: settlement.claim(cancelled_outcome(reason))
-
-
-async def _as_coroutine(awaitable: Any) -> Any:
-    return await awaitable
 
 
 class AsyncExecutor:
@@ -401,7 +356,7 @@ class AsyncExecutor:
                 loop_ready.set()
 
         def body() -> None:
-            settlement.claim(_outcome_of_call(call, ctx.task_id))
+            settlement.claim(outcome_of_call(call, ctx.task_id))
 
         def stop() -> None:
             loop_ready.wait(timeout=5)
@@ -420,183 +375,6 @@ async def _checked(coro: Coroutine[Any, Any, Any]) -> Any:
 
 
 # --- the process executor ------------------------------------------------------------
-
-
-def _inputs_to_wire(inputs: TaskInputs) -> tuple[dict[str, list[tuple[str, Any, Any]]], Any]:
-    edges = {
-        name: [(o.id, thaw_json(o.fields), thaw_json(o.data)) for o in outs]
-        for name, outs in inputs.edges.items()
-    }
-    return edges, thaw_json(inputs.parameters)
-
-
-def _inputs_from_wire(wire: tuple[dict[str, list[tuple[str, Any, Any]]], Any]) -> TaskInputs:
-    edges, parameters = wire
-    return TaskInputs(
-        edges={
-            name: tuple(ResolvedOutput(id=i, fields=f, data=d) for i, f, d in outs)
-            for name, outs in edges.items()
-        },
-        parameters=parameters,
-    )
-
-
-class PluginTransferError(NonRetryableError):
-    """The process executor cannot hand an attempt to its plugin process: the
-    plugin, its inputs or its context do not pickle, or the plugin's module
-    does not import there. No retry: the next attempt would fail the same way."""
-
-    code = "plugin_transfer_failed"
-
-
-class _InChild:
-    """``ctx.cancelled`` while a context travels: the plugin process puts its
-    own abort event in its place (an event cannot be pickled into a running
-    process)."""
-
-    def is_set(self) -> bool:
-        return False
-
-    def set(self) -> None:
-        return None
-
-    def wait(self, timeout: float | None = None) -> bool:
-        return False
-
-
-def _dumps(value: object) -> bytes:
-    return pickle.dumps(value, protocol=pickle.HIGHEST_PROTOCOL)
-
-
-def _job_bytes(fn: PluginFn, inputs: TaskInputs, ctx: TaskContext) -> bytes:
-    """What the plugin process reads: the worker's ``sys.path``, then the job.
-
-    Two pickles in a row, so the plugin process sets ``sys.path`` before it
-    unpickles the plugin (and imports its module): a plugin directory the
-    worker added after the process started is found too.
-    """
-    travelling = dataclasses.replace(
-        ctx, cancelled=_InChild(), heartbeat_fn=_no_heartbeat, secrets=dict(ctx.secrets)
-    )
-    return _dumps(list(sys.path)) + _dumps((fn, _inputs_to_wire(inputs), travelling))
-
-
-def _reply_bytes(outcome: ExecutionOutcome, children: dict[str, Any]) -> bytes:
-    """The message for the worker: ``(kind, outputs, error, wait_id, children)``.
-
-    An error that does not survive pickling (or rebuilding: an exception
-    whose ``__init__`` wants other arguments) travels as its text; child run
-    requests that cannot travel fail the attempt (``child_run_invalid``).
-    """
-    outputs = [(o.id, thaw_json(o.fields), thaw_json(o.data)) for o in outcome.outputs]
-    message = (outcome.kind.value, outputs, outcome.error, outcome.wait_id, children)
-    try:
-        data = _dumps(message)
-        if outcome.error is not None:
-            pickle.loads(data)
-        return data
-    except Exception as exc:
-        if children:
-            text = (
-                "ChildRunError: child_run_invalid: the child run request cannot be sent "
-                f"to the worker process: {type(exc).__name__}: {exc}"
-            )
-            failed: tuple[object, ...] = (OutcomeKind.ERROR.value, [], RuntimeError(text), None, {})
-            return _dumps(failed)
-        error = outcome.error
-        text = f"{type(error).__name__}: {error}"
-        as_text: tuple[object, ...] = (
-            outcome.kind.value,
-            outputs,
-            RuntimeError(text),
-            outcome.wait_id,
-            {},
-        )
-        return _dumps(as_text)
-
-
-def _run_job(data: bytes, abort: AbortSignal) -> bytes:
-    """Run one job in the plugin process; the reply for the worker."""
-    stream = io.BytesIO(data)
-    try:
-        path = pickle.load(stream)
-        if sys.path != path:
-            sys.path[:] = path
-        fn, wire_inputs, travelling = pickle.load(stream)
-    except BaseException as exc:
-        error = PluginTransferError(
-            f"the plugin process cannot load the attempt: {type(exc).__name__}: {exc}"
-        )
-        return _reply_bytes(ExecutionOutcome(OutcomeKind.ERROR, error=error), {})
-    ctx: TaskContext = dataclasses.replace(travelling, cancelled=abort)
-    inputs = _inputs_from_wire(wire_inputs)
-
-    def call() -> Any:
-        result = fn(inputs, ctx)
-        if inspect.isawaitable(result):
-            return asyncio.run(_as_coroutine(result))
-        return result
-
-    outcome = _outcome_of_call(call, ctx.task_id)
-    # Child runs the plugin asked for travel back with a wait: the worker
-    # process commits them (see dagwerk.runtime.children).
-    children = dict(ctx.children.pending) if outcome.kind is OutcomeKind.WAIT else {}
-    return _reply_bytes(outcome, children)
-
-
-def _ignore_interrupt(signum: int, frame: FrameType | None) -> None:
-    return None
-
-
-def serve_plugin_process(conn: Connection, abort: AbortSignal) -> None:
-    """Entry point of a plugin process: run jobs from ``conn`` until it closes.
-
-    Each job runs in a fresh :class:`contextvars.Context`; afterwards the
-    working directory and the environment are put back as the process
-    started with them. What a plugin keeps in module state (globals, caches,
-    imported modules) stays for the next attempt in this process.
-    """
-    # Ctrl-C reaches the whole process group: the worker stops its plugin
-    # processes itself. A handler, not SIG_IGN, so programs a plugin runs
-    # still get the default. (Only the main thread may set one.)
-    if threading.current_thread() is threading.main_thread():
-        install_handler(SIGINT, _ignore_interrupt)
-    cwd, environ = os.getcwd(), dict(os.environ)
-    try:
-        conn.send_bytes(b"")  # started: the worker's deadlines begin now
-    except OSError:
-        return
-    while True:
-        try:
-            data = conn.recv_bytes()
-        except (EOFError, OSError):
-            return  # the pool closed the pipe, or the worker process died
-        reply = contextvars.Context().run(_run_job, data, abort)
-        if os.getcwd() != cwd:
-            os.chdir(cwd)
-        if os.environ != environ:
-            os.environ.clear()
-            os.environ.update(environ)
-        try:
-            conn.send_bytes(reply)
-        except OSError:
-            return
-
-
-def _no_heartbeat() -> None:
-    return None
-
-
-def _exit_text(exitcode: int | None) -> str:
-    if exitcode is None:
-        return "plugin process exited without a result"
-    if exitcode < 0:
-        try:
-            name = Signals(-exitcode).name
-        except ValueError:
-            name = f"signal {-exitcode}"
-        return f"plugin process exited without a result (killed by {name})"
-    return f"plugin process exited without a result (exit code {exitcode})"
 
 
 class ProcessExecutor:
@@ -659,7 +437,7 @@ class ProcessExecutor:
         if early is not None:
             return early
         try:
-            job = _job_bytes(fn, inputs, ctx)
+            job = job_bytes(fn, inputs, ctx)
         except Exception as exc:
             error = PluginTransferError(
                 f"the plugin {ctx.plugin!r}, its inputs or its context cannot be sent to a "
@@ -688,7 +466,7 @@ class ProcessExecutor:
                 self._pool.release(process, reusable=False)
                 if process.ready:
                     continue
-                error = RuntimeError(_exit_text(process.process.exitcode))
+                error = RuntimeError(exit_text(process.process.exitcode))
                 return ExecutionOutcome(OutcomeKind.ERROR, error=error)
             return process
 
@@ -719,23 +497,17 @@ class ProcessExecutor:
                 died.append(True)
                 process.conn.close()
                 process.process.join(self._join_timeout)
-                error = RuntimeError(_exit_text(process.process.exitcode))
+                error = RuntimeError(exit_text(process.process.exitcode))
                 settlement.claim(ExecutionOutcome(OutcomeKind.ERROR, error=error))
                 return
             try:
-                kind, outputs, error, wait_id, children = pickle.loads(data)
+                outcome, children = read_reply(data)
             except Exception as exc:
                 text = f"the plugin's result cannot be read: {type(exc).__name__}: {exc}"
                 settlement.claim(ExecutionOutcome(OutcomeKind.ERROR, error=RuntimeError(text)))
                 return
             # Merged before the outcome is claimed, so the settle sees them.
             ctx.children.pending.update(children)
-            outcome = ExecutionOutcome(
-                OutcomeKind(kind),
-                outputs=tuple(EmittedOutput(id=i, fields=f, data=d) for i, f, d in outputs),
-                error=error,
-                wait_id=wait_id,
-            )
             settlement.claim(outcome)
 
         reading = spawn(reader, name=f"dagwerk-plugin-reader-{ctx.task_id}")
