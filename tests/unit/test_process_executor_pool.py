@@ -156,7 +156,10 @@ def leaves_state(inputs: TaskInputs, ctx: TaskContext) -> object:
         "env": os.environ.get("DAGWERK_POOL_TEST", "unset"),
         "var": _VAR.get(),
     }
-    os.chdir(str(inputs.parameters["elsewhere"]))
+    elsewhere = str(inputs.parameters["elsewhere"])
+    os.makedirs(elsewhere, exist_ok=True)
+    os.chdir(elsewhere)
+    os.rmdir(elsewhere)  # and the directory it moved into is gone
     os.environ["DAGWERK_POOL_TEST"] = "set by a plugin"
     _VAR.set("set by a plugin")
     return seen
@@ -256,13 +259,14 @@ def test_module_state_carries_over_but_cwd_environment_and_context_do_not(
 ) -> None:
     executor = ProcessExecutor(processes=1)
     try:
-        first, second = (_run(executor, leaves_state, {"elsewhere": str(tmp_path)}) for _ in "ab")
+        elsewhere = {"elsewhere": str(tmp_path / "elsewhere")}
+        first, second = (_run(executor, leaves_state, elsewhere) for _ in "ab")
     finally:
         executor.close()
     one, two = (dict(o.outputs[0].fields) for o in (first, second))
     assert one["pid"] == two["pid"]
     assert (one["calls"], two["calls"]) == (1, 2)  # plain module state persists
-    assert two["cwd"] == one["cwd"] != str(tmp_path)
+    assert two["cwd"] == one["cwd"] != str(tmp_path / "elsewhere")
     assert two["env"] == one["env"] == "unset"
     assert two["var"] == one["var"] == "unset"
 

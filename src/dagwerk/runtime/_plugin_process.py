@@ -191,8 +191,7 @@ def serve_plugin_process(conn: Connection, abort: AbortSignal) -> None:
         except (EOFError, OSError):
             return  # the pool closed the pipe, or the worker process died
         reply = contextvars.Context().run(_run_job, data, abort)
-        if os.getcwd() != cwd:
-            os.chdir(cwd)
+        _restore_cwd(cwd)
         if os.environ != environ:
             os.environ.clear()
             os.environ.update(environ)
@@ -202,11 +201,21 @@ def serve_plugin_process(conn: Connection, abort: AbortSignal) -> None:
             return
 
 
+def _restore_cwd(cwd: str) -> None:
+    try:
+        moved = os.getcwd() != cwd
+    except OSError:  # the plugin removed the directory it moved into
+        moved = True
+    if moved:
+        os.chdir(cwd)
+
+
 def _no_heartbeat() -> None:
     return None
 
 
 def exit_text(exitcode: int | None) -> str:
+    """The error of an attempt whose process died: its exit code or signal."""
     if exitcode is None:
         return "plugin process exited without a result"
     if exitcode < 0:
