@@ -366,11 +366,10 @@ class _StubbornProcess:
 
     def __init__(self, *, target: Callable[..., None], args: tuple[Any, ...], **kw: Any) -> None:
         self.signals: list[str] = []
-        # A real child holds its own copy of the pipe's write end; the parent
+        # A real child holds its own copy of its end of the pipe; the parent
         # closes its copy right after start.
         args = tuple(
-            Connection(os.dup(a.fileno()), readable=False) if isinstance(a, Connection) else a
-            for a in args
+            Connection(os.dup(a.fileno())) if isinstance(a, Connection) else a for a in args
         )
 
         def run() -> None:
@@ -421,7 +420,7 @@ def test_wk_16_a_child_that_survives_terminate_keeps_the_timeout_and_disables_re
     store = MemoryStore(clock=clock.time)
     executor = ProcessExecutor(join_timeout=0.0)
     context = _StubbornContext()
-    executor._ctx = context  # type: ignore[assignment]
+    executor._pool.context = context  # type: ignore[assignment]
     spec = RetryPolicySpec(max_attempts=3, backoff_base=0.0, jitter=False)
     _start(store, "run", [DagNode(slug="a", plugin="p", timeout_seconds=5.0, retry=spec)])
     worker = _worker(

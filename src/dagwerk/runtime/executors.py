@@ -10,11 +10,12 @@ can never replace it. A pre-aborted attempt never enters the plugin.
   the outcome is settled, and whatever it returns later is discarded.
 - :class:`AsyncExecutor` runs ``async def`` plugins on their own event loop
   and cancels the coroutine on abort (plain plugins run as in a thread).
-- :class:`ProcessExecutor` runs the plugin in a child process (spawn
-  context) and terminates and joins it once the outcome is settled: the
-  only hard stop. Its plugins, inputs and results must be picklable. Child
-  runs requested with ``ctx.start_child`` travel back with the wait outcome
-  and are committed by the worker process.
+- :class:`ProcessExecutor` runs the plugin in a warm child process (spawn
+  context) reused across attempts, and kills and joins that process when
+  an attempt times out or is cancelled: the only hard stop. Its plugins,
+  inputs and results must be picklable. Child runs requested with
+  ``ctx.start_child`` travel back with the wait outcome and are committed
+  by the worker process.
 """
 
 from __future__ import annotations
@@ -24,58 +25,43 @@ import contextlib
 import dataclasses
 import inspect
 import multiprocessing
+import os
 import threading
+import time
 from collections.abc import Callable, Coroutine, Sequence
 from dataclasses import dataclass
-from enum import StrEnum
-from multiprocessing.connection import Connection
-from typing import Any, Protocol
+from typing import Any, Protocol, runtime_checkable
 
-from dagwerk.json import thaw_json
-from dagwerk.models import EmittedOutput, ResolvedOutput, TaskInputs
+from dagwerk.models import TaskInputs
 from dagwerk.runtime._batch_exec import run_batch
+from dagwerk.runtime._plugin_process import (
+    PluginTransferError,
+    exit_text,
+    job_bytes,
+    read_reply,
+    serve_plugin_process,
+)
+from dagwerk.runtime._process_pool import PluginProcess, ProcessPool
 from dagwerk.runtime._threads import spawn
 from dagwerk.runtime.clock import Clock
 from dagwerk.runtime.context import TaskContext
-from dagwerk.runtime.errors import TaskCancelled, WaitRequested
-from dagwerk.runtime.plugins import PluginFn, normalize_outputs
+from dagwerk.runtime.errors import TaskCancelled
+from dagwerk.runtime.outcomes import ExecutionOutcome, OutcomeKind, as_coroutine, outcome_of_call
+from dagwerk.runtime.plugins import PluginFn
 
 __all__ = [
     "AsyncExecutor",
     "AttemptJob",
     "AttemptSignal",
+    "ClosableExecutor",
     "ExecutionOutcome",
     "Executor",
     "OutcomeKind",
+    "PluginTransferError",
     "ProcessExecutor",
     "ThreadExecutor",
     "make_executor",
 ]
-
-
-class OutcomeKind(StrEnum):
-    OK = "ok"
-    ERROR = "error"
-    TIMEOUT = "timeout"
-    CANCELLED = "cancelled"
-    WAIT = "wait"
-
-
-@dataclass(frozen=True, slots=True)
-class ExecutionOutcome:
-    """The settled result of one attempt.
-
-    ``outputs`` for OK; ``error`` for ERROR; ``wait_id`` for WAIT.
-    ``retryable`` is False when an isolation stop failed (WK-16): the winning
-    outcome is kept but must not be retried.
-    """
-
-    kind: OutcomeKind
-    outputs: tuple[EmittedOutput, ...] = ()
-    error: BaseException | None = None
-    wait_id: str | None = None
-    retryable: bool = True
-    detail: str = ""
 
 
 class AttemptSignal:
@@ -148,6 +134,13 @@ class Executor(Protocol):
     ) -> ExecutionOutcome: ...
 
 
+@runtime_checkable
+class ClosableExecutor(Executor, Protocol):
+    """An executor that holds resources (processes) until :meth:`close`."""
+
+    def close(self) -> None: ...
+
+
 class _Waker(Protocol):
     def set(self) -> None: ...
 
@@ -167,20 +160,6 @@ class Settlement:
             self.outcome = outcome
         self._wake.set()
         return True
-
-
-def _outcome_of_call(fn: Callable[[], Any], task_id: str) -> ExecutionOutcome:
-    try:
-        result = fn()
-        return ExecutionOutcome(OutcomeKind.OK, outputs=normalize_outputs(result, task_id))
-    except WaitRequested as wait:
-        return ExecutionOutcome(OutcomeKind.WAIT, wait_id=wait.wait_id)
-    except TaskCancelled as exc:
-        return ExecutionOutcome(OutcomeKind.CANCELLED, error=exc)
-    except BaseException as exc:
-        # A plugin error is a task failure, never a worker error; SystemExit
-        # too: it would end the plugin's thread with the attempt unsettled.
-        return ExecutionOutcome(OutcomeKind.ERROR, error=exc)
 
 
 def _await_settlement(
@@ -245,11 +224,11 @@ class ThreadExecutor:
         def call() -> Any:
             result = fn(inputs, ctx)
             if inspect.isawaitable(result):
-                return asyncio.run(_as_coroutine(result))
+                return asyncio.run(as_coroutine(result))
             return result
 
         def body() -> None:
-            settlement.claim(_outcome_of_call(call, ctx.task_id))
+            settlement.claim(outcome_of_call(call, ctx.task_id))
 
         # A pooled daemon thread: same semantics as a new one, without the
         # start-up cost per attempt (see runtime/_threads.py).
@@ -317,10 +296,10 @@ def call_job(job: AttemptJob) -> ExecutionOutcome:
     def call() -> Any:
         result = job.fn(job.inputs, job.ctx)
         if inspect.isawaitable(result):
-            return asyncio.run(_as_coroutine(result))
+            return asyncio.run(as_coroutine(result))
         return result
 
-    return _outcome_of_call(call, job.ctx.task_id)
+    return outcome_of_call(call, job.ctx.task_id)
 
 
 @dataclass(frozen=True, slots=True)
@@ -336,10 +315,6 @@ class AttemptJob:
 
 def _claim_cancelled(settlement: Settlement) -> Callable[[str], object]:
     return lambda reason: settlement.claim(cancelled_outcome(reason))
-
-
-async def _as_coroutine(awaitable: Any) -> Any:
-    return await awaitable
 
 
 class AsyncExecutor:
@@ -381,7 +356,7 @@ class AsyncExecutor:
                 loop_ready.set()
 
         def body() -> None:
-            settlement.claim(_outcome_of_call(call, ctx.task_id))
+            settlement.claim(outcome_of_call(call, ctx.task_id))
 
         def stop() -> None:
             loop_ready.wait(timeout=5)
@@ -402,77 +377,51 @@ async def _checked(coro: Coroutine[Any, Any, Any]) -> Any:
 # --- the process executor ------------------------------------------------------------
 
 
-def _inputs_to_wire(inputs: TaskInputs) -> tuple[dict[str, list[tuple[str, Any, Any]]], Any]:
-    edges = {
-        name: [(o.id, thaw_json(o.fields), thaw_json(o.data)) for o in outs]
-        for name, outs in inputs.edges.items()
-    }
-    return edges, thaw_json(inputs.parameters)
-
-
-def _inputs_from_wire(wire: tuple[dict[str, list[tuple[str, Any, Any]]], Any]) -> TaskInputs:
-    edges, parameters = wire
-    return TaskInputs(
-        edges={
-            name: tuple(ResolvedOutput(id=i, fields=f, data=d) for i, f, d in outs)
-            for name, outs in edges.items()
-        },
-        parameters=parameters,
-    )
-
-
-def _child_main(
-    fn: PluginFn,
-    wire_inputs: tuple[dict[str, list[tuple[str, Any, Any]]], Any],
-    ctx: TaskContext,
-    conn: Connection,
-) -> None:
-    """Entry point of the child process: run the plugin, send one message back."""
-    inputs = _inputs_from_wire(wire_inputs)
-
-    def call() -> Any:
-        result = fn(inputs, ctx)
-        if inspect.isawaitable(result):
-            return asyncio.run(_as_coroutine(result))
-        return result
-
-    outcome = _outcome_of_call(call, ctx.task_id)
-    outputs = [(o.id, thaw_json(o.fields), thaw_json(o.data)) for o in outcome.outputs]
-    error: BaseException | None = outcome.error
-    # Child runs the plugin asked for travel back with a wait: the worker
-    # process commits them (see dagwerk.runtime.children).
-    children = dict(ctx.children.pending) if outcome.kind is OutcomeKind.WAIT else {}
-    try:
-        conn.send((outcome.kind.value, outputs, error, outcome.wait_id, children))
-    except Exception as exc:
-        if children:
-            text = (
-                "ChildRunError: child_run_invalid: the child run request cannot be sent "
-                f"to the worker process: {type(exc).__name__}: {exc}"
-            )
-            conn.send((OutcomeKind.ERROR.value, [], RuntimeError(text), None, {}))
-        else:  # an unpicklable exception travels as its text
-            text = f"{type(error).__name__}: {error}"
-            conn.send((outcome.kind.value, outputs, RuntimeError(text), outcome.wait_id, {}))
-    finally:
-        conn.close()
-
-
-def _no_heartbeat() -> None:
-    return None
-
-
 class ProcessExecutor:
-    """Runs each attempt in a spawned child process; timeout and abort terminate it.
+    """Runs each attempt in a warm plugin process; timeout and abort kill it.
 
-    The parent keeps the lease alive while the child runs. ``join_timeout``
+    The processes (spawn context) are kept between attempts by a pool of at
+    most ``processes`` idle ones (see ``runtime/_process_pool.py``): started
+    on demand, reused after an attempt that returned, raised or waited,
+    killed when an attempt times out or is cancelled (the hard stop), and
+    replaced by a fresh one when the next attempt needs it. A plugin that
+    kills its process (``os._exit``, a segfault) fails only its attempt.
+    Plugins, inputs and results must be picklable; a plugin's module is
+    imported once per process, and module state persists across the
+    attempts a process runs (as in Celery's prefork pool).
+
+    An attempt's deadline runs from the moment its process is ready: a new
+    process first starts an interpreter (a fraction of a second, more on a
+    loaded machine), bounded by ``start_timeout``; the first attempt in a
+    process also imports the plugin's module within its deadline.
+
+    The parent keeps the lease alive while the plugin runs. ``join_timeout``
     bounds how long terminate and kill may take; a child that survives both
     keeps the winning outcome but marks it non-retryable (WK-16).
+    :meth:`close` stops every process; a worker closes the executor it made
+    from ``executor="process"``; an executor object passed to a worker is
+    its caller's to close.
     """
 
-    def __init__(self, *, join_timeout: float = 5.0) -> None:
-        self._ctx = multiprocessing.get_context("spawn")
+    def __init__(
+        self,
+        *,
+        join_timeout: float = 5.0,
+        processes: int | None = None,
+        start_timeout: float = 60.0,
+    ) -> None:
         self._join_timeout = join_timeout
+        self._start_timeout = start_timeout
+        self._pool = ProcessPool(
+            multiprocessing.get_context("spawn"),
+            serve_plugin_process,
+            size=processes if processes is not None else os.cpu_count() or 1,
+            join_timeout=join_timeout,
+        )
+
+    def close(self) -> None:
+        """Stop and join every plugin process; later attempts raise. Idempotent."""
+        self._pool.close()
 
     def execute(
         self,
@@ -487,86 +436,137 @@ class ProcessExecutor:
         early = pre_aborted(signal)
         if early is not None:
             return early
+        try:
+            job = job_bytes(fn, inputs, ctx)
+        except Exception as exc:
+            error = PluginTransferError(
+                f"the plugin {ctx.plugin!r}, its inputs or its context cannot be sent to a "
+                f"plugin process (process executor): {type(exc).__name__}: {exc}"
+            )
+            return ExecutionOutcome(OutcomeKind.ERROR, error=error)
         settlement = Settlement(signal.wake)
-        signal.bind(lambda reason: settlement.claim(cancelled_outcome(reason)))
-        parent_conn, child_conn = self._ctx.Pipe(duplex=False)
-        child_abort = self._ctx.Event()
-        child_ctx = dataclasses.replace(
-            ctx, cancelled=child_abort, heartbeat_fn=_no_heartbeat, secrets=dict(ctx.secrets)
-        )
-        process = self._ctx.Process(
-            target=_child_main,
-            args=(fn, _inputs_to_wire(inputs), child_ctx, child_conn),
-            name=f"dagwerk-attempt-{ctx.task_id}",
-            daemon=True,
-        )
-        process.start()
-        # The parent's copy of the child end must close, or recv never sees EOF.
-        child_conn.close()
+        listener = _claim_cancelled(settlement)
+        signal.bind(listener)
+        try:
+            return self._run(job, ctx, settlement, timeout=timeout, signal=signal, clock=clock)
+        finally:
+            signal.unbind(listener)
+
+    def _send(self, job: bytes) -> PluginProcess | ExecutionOutcome:
+        """A process that accepted ``job``. One that died while idle is
+        replaced (its pipe refuses the write); a new process that died
+        before it read the job is the attempt's crash."""
+        while True:
+            process = self._pool.acquire()
+            try:
+                process.conn.send_bytes(job)
+            except OSError:
+                process.stop(self._join_timeout)
+                process.conn.close()
+                self._pool.release(process, reusable=False)
+                if process.ready:
+                    continue
+                error = RuntimeError(exit_text(process.process.exitcode))
+                return ExecutionOutcome(OutcomeKind.ERROR, error=error)
+            return process
+
+    def _run(
+        self,
+        job: bytes,
+        ctx: TaskContext,
+        settlement: Settlement,
+        *,
+        timeout: float | None,
+        signal: AttemptSignal,
+        clock: Clock,
+    ) -> ExecutionOutcome:
+        sent = self._send(job)
+        if isinstance(sent, ExecutionOutcome):
+            return sent
+        process = sent
+        died: list[bool] = []
 
         def reader() -> None:
             try:
-                kind, outputs, error, wait_id, children = parent_conn.recv()
+                if not process.ready:
+                    process.conn.recv_bytes()  # its first message: it has started
+                    process.ready = True
+                    signal.wake.set()
+                data = process.conn.recv_bytes()
             except (EOFError, OSError):
-                parent_conn.close()
-                settlement.claim(
-                    ExecutionOutcome(
-                        OutcomeKind.ERROR,
-                        error=RuntimeError("plugin process exited without a result"),
-                    )
-                )
+                died.append(True)
+                process.conn.close()
+                process.process.join(self._join_timeout)
+                error = RuntimeError(exit_text(process.process.exitcode))
+                settlement.claim(ExecutionOutcome(OutcomeKind.ERROR, error=error))
                 return
-            parent_conn.close()
+            try:
+                outcome, children = read_reply(data)
+            except Exception as exc:
+                text = f"the plugin's result cannot be read: {type(exc).__name__}: {exc}"
+                settlement.claim(ExecutionOutcome(OutcomeKind.ERROR, error=RuntimeError(text)))
+                return
             # Merged before the outcome is claimed, so the settle sees them.
             ctx.children.pending.update(children)
-            outcome = ExecutionOutcome(
-                OutcomeKind(kind),
-                outputs=tuple(EmittedOutput(id=i, fields=f, data=d) for i, f, d in outputs),
-                error=error,
-                wait_id=wait_id,
-            )
             settlement.claim(outcome)
 
-        reader_thread = threading.Thread(target=reader, daemon=True)
-        reader_thread.start()
-        stopped_cleanly = True
+        reading = spawn(reader, name=f"dagwerk-plugin-reader-{ctx.task_id}")
+        stopped: list[bool] = []
 
         def stop() -> None:
-            nonlocal stopped_cleanly
-            child_abort.set()
-            process.terminate()
-            process.join(self._join_timeout)
-            if process.is_alive():
-                process.kill()
-                process.join(self._join_timeout)
-            stopped_cleanly = not process.is_alive()
+            stopped.append(process.stop(self._join_timeout))
 
+        if not self._started(process, settlement, signal):
+            stop()
         outcome = _await_settlement(settlement, signal, timeout, clock, on_stop=stop)
-        if outcome.kind not in (OutcomeKind.TIMEOUT, OutcomeKind.CANCELLED):
-            process.join(self._join_timeout)
-            if process.is_alive():
-                stop()
-        reader_thread.join(self._join_timeout)
-        if not reader_thread.is_alive():
-            parent_conn.close()
+        if not stopped:
+            # The reader claimed this outcome (a result, an error, a crash):
+            # all it has left is to return.
+            reading.join()
+            self._pool.release(process, reusable=not died)
+            return outcome
+        if reading.join(self._join_timeout):
+            process.conn.close()
         # Otherwise the child survived its stop and the reader still blocks on
         # the pipe: closing it under the reader would raise in that thread, so
         # the reader closes it once the child finally exits.
-        if not stopped_cleanly:
+        self._pool.release(process, reusable=False)
+        if not stopped[0]:
             return dataclasses.replace(
                 outcome, retryable=False, detail=f"{outcome.detail}; child did not stop"
             )
         return outcome
 
+    def _started(
+        self, process: PluginProcess, settlement: Settlement, signal: AttemptSignal
+    ) -> bool:
+        """Wait (real time) until a new process has started, so the attempt's
+        deadline covers its plugin and not the interpreter's start-up; an
+        abort or a crash ends the wait early. False when it did not start
+        within ``start_timeout``: the attempt is settled as an error."""
+        limit = time.monotonic() + self._start_timeout
+        while not process.ready and settlement.outcome is None and not signal.abort.is_set():
+            remaining = limit - time.monotonic()
+            if remaining <= 0:
+                text = f"plugin process did not start within {self._start_timeout}s"
+                settlement.claim(ExecutionOutcome(OutcomeKind.ERROR, error=RuntimeError(text)))
+                return False
+            signal.wake.wait(remaining)
+            signal.wake.clear()
+        return True
 
-def make_executor(kind: str | Executor) -> Executor:
-    """``"thread"``, ``"process"``, ``"async"`` or an executor object."""
+
+def make_executor(kind: str | Executor, *, processes: int | None = None) -> Executor:
+    """``"thread"``, ``"process"``, ``"async"`` or an executor object.
+
+    ``processes`` bounds the process executor's pool of idle processes (a
+    worker passes its concurrency)."""
     if not isinstance(kind, str):
         return kind
     if kind == "thread":
         return ThreadExecutor()
     if kind == "process":
-        return ProcessExecutor()
+        return ProcessExecutor(processes=processes)
     if kind == "async":
         return AsyncExecutor()
     raise ValueError(f"unknown executor {kind!r}; expected 'thread', 'process' or 'async'")

@@ -74,6 +74,7 @@ from dagwerk.runtime.errors import (
 )
 from dagwerk.runtime.executors import (
     AttemptSignal,
+    ClosableExecutor,
     ExecutionOutcome,
     Executor,
     OutcomeKind,
@@ -182,7 +183,14 @@ class Worker:
         self.store = store
         self.plugins = plugins if isinstance(plugins, PluginRegistry) else PluginRegistry(plugins)
         self.concurrency = concurrency
-        self.executor = make_executor(executor)
+        self.executor = make_executor(executor, processes=concurrency)
+        # An executor made here from its name is this worker's to close (the
+        # process executor's processes); one passed in is its caller's.
+        self._owned_executor: ClosableExecutor | None = (
+            self.executor
+            if isinstance(executor, str) and isinstance(self.executor, ClosableExecutor)
+            else None
+        )
         self.lease_seconds = lease_seconds
         self.lease_grace = lease_grace
         self.poll_interval = poll_interval
@@ -292,7 +300,8 @@ class Worker:
         self.actor.start()
 
     def stop(self, timeout: float | None = None) -> None:
-        """Stop admission, abort running attempts and wait for the batch in flight."""
+        """Stop admission, abort running attempts, wait for the batch in flight
+        and stop the plugin processes of the executor this worker made."""
         self._stopped = True
         with self._running_lock:
             running = list(self._running.values())
@@ -305,6 +314,8 @@ class Worker:
         self._pool.shutdown(wait=True)
         if self.presence is not None:
             self.presence.stop()
+        if self._owned_executor is not None:
+            self._owned_executor.close()
 
     def _take_claimed_ahead(self) -> list[ClaimedDelivery]:
         taken, self._claimed_ahead = self._claimed_ahead, []

@@ -1,0 +1,240 @@
+"""Inside a plugin process of the process executor, and the messages
+between it and the worker.
+
+The worker writes a job (its ``sys.path``, then the plugin, the inputs and
+the context, as two pickles) to the process's pipe; the process runs it and
+writes back one reply ``(kind, outputs, error, wait_id, children)``. A
+process's first message, empty, says it has started. See
+``runtime/_process_pool.py`` for the processes' lifecycle.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextvars
+import dataclasses
+import inspect
+import io
+import os
+import pickle
+import sys
+import threading
+from multiprocessing.connection import Connection
+from signal import SIGINT, Signals
+from signal import signal as install_handler
+from types import FrameType
+from typing import Any
+
+from dagwerk.json import thaw_json
+from dagwerk.models import EmittedOutput, ResolvedOutput, TaskInputs
+from dagwerk.runtime.context import AbortSignal, TaskContext
+from dagwerk.runtime.errors import NonRetryableError
+from dagwerk.runtime.outcomes import ExecutionOutcome, OutcomeKind, as_coroutine, outcome_of_call
+from dagwerk.runtime.plugins import PluginFn
+
+__all__ = [
+    "PluginTransferError",
+    "exit_text",
+    "job_bytes",
+    "read_reply",
+    "serve_plugin_process",
+]
+
+
+def _inputs_to_wire(inputs: TaskInputs) -> tuple[dict[str, list[tuple[str, Any, Any]]], Any]:
+    edges = {
+        name: [(o.id, thaw_json(o.fields), thaw_json(o.data)) for o in outs]
+        for name, outs in inputs.edges.items()
+    }
+    return edges, thaw_json(inputs.parameters)
+
+
+def _inputs_from_wire(wire: tuple[dict[str, list[tuple[str, Any, Any]]], Any]) -> TaskInputs:
+    edges, parameters = wire
+    return TaskInputs(
+        edges={
+            name: tuple(ResolvedOutput(id=i, fields=f, data=d) for i, f, d in outs)
+            for name, outs in edges.items()
+        },
+        parameters=parameters,
+    )
+
+
+class PluginTransferError(NonRetryableError):
+    """The process executor cannot hand an attempt to its plugin process: the
+    plugin, its inputs or its context do not pickle, or the plugin's module
+    does not import there. No retry: the next attempt would fail the same way."""
+
+    code = "plugin_transfer_failed"
+
+
+class _InChild:
+    """``ctx.cancelled`` while a context travels: the plugin process puts its
+    own abort event in its place (an event cannot be pickled into a running
+    process)."""
+
+    def is_set(self) -> bool:
+        return False
+
+    def set(self) -> None:
+        return None
+
+    def wait(self, timeout: float | None = None) -> bool:
+        return False
+
+
+def _dumps(value: object) -> bytes:
+    return pickle.dumps(value, protocol=pickle.HIGHEST_PROTOCOL)
+
+
+def job_bytes(fn: PluginFn, inputs: TaskInputs, ctx: TaskContext) -> bytes:
+    """What the plugin process reads: the worker's ``sys.path``, then the job.
+
+    Two pickles in a row, so the plugin process sets ``sys.path`` before it
+    unpickles the plugin (and imports its module): a plugin directory the
+    worker added after the process started is found too.
+    """
+    travelling = dataclasses.replace(
+        ctx, cancelled=_InChild(), heartbeat_fn=_no_heartbeat, secrets=dict(ctx.secrets)
+    )
+    return _dumps(list(sys.path)) + _dumps((fn, _inputs_to_wire(inputs), travelling))
+
+
+def _reply_bytes(outcome: ExecutionOutcome, children: dict[str, Any]) -> bytes:
+    """The message for the worker: ``(kind, outputs, error, wait_id, children)``.
+
+    An error that does not survive pickling (or rebuilding: an exception
+    whose ``__init__`` wants other arguments) travels as its text; child run
+    requests that cannot travel fail the attempt (``child_run_invalid``).
+    """
+    outputs = [(o.id, thaw_json(o.fields), thaw_json(o.data)) for o in outcome.outputs]
+    message = (outcome.kind.value, outputs, outcome.error, outcome.wait_id, children)
+    try:
+        data = _dumps(message)
+        if outcome.error is not None:
+            pickle.loads(data)
+        return data
+    except Exception as exc:
+        if children:
+            text = (
+                "ChildRunError: child_run_invalid: the child run request cannot be sent "
+                f"to the worker process: {type(exc).__name__}: {exc}"
+            )
+            failed: tuple[object, ...] = (OutcomeKind.ERROR.value, [], RuntimeError(text), None, {})
+            return _dumps(failed)
+        error = outcome.error
+        text = f"{type(error).__name__}: {error}"
+        as_text: tuple[object, ...] = (
+            outcome.kind.value,
+            outputs,
+            RuntimeError(text),
+            outcome.wait_id,
+            {},
+        )
+        return _dumps(as_text)
+
+
+def _run_job(data: bytes, abort: AbortSignal) -> bytes:
+    """Run one job in the plugin process; the reply for the worker."""
+    stream = io.BytesIO(data)
+    try:
+        path = pickle.load(stream)
+        if sys.path != path:
+            sys.path[:] = path
+        fn, wire_inputs, travelling = pickle.load(stream)
+    except BaseException as exc:
+        error = PluginTransferError(
+            f"the plugin process cannot load the attempt: {type(exc).__name__}: {exc}"
+        )
+        return _reply_bytes(ExecutionOutcome(OutcomeKind.ERROR, error=error), {})
+    ctx: TaskContext = dataclasses.replace(travelling, cancelled=abort)
+    inputs = _inputs_from_wire(wire_inputs)
+
+    def call() -> Any:
+        result = fn(inputs, ctx)
+        if inspect.isawaitable(result):
+            return asyncio.run(as_coroutine(result))
+        return result
+
+    outcome = outcome_of_call(call, ctx.task_id)
+    # Child runs the plugin asked for travel back with a wait: the worker
+    # process commits them (see dagwerk.runtime.children).
+    children = dict(ctx.children.pending) if outcome.kind is OutcomeKind.WAIT else {}
+    return _reply_bytes(outcome, children)
+
+
+def _ignore_interrupt(signum: int, frame: FrameType | None) -> None:
+    return None
+
+
+def serve_plugin_process(conn: Connection, abort: AbortSignal) -> None:
+    """Entry point of a plugin process: run jobs from ``conn`` until it closes.
+
+    Each job runs in a fresh :class:`contextvars.Context`; afterwards the
+    working directory and the environment are put back as the process
+    started with them. What a plugin keeps in module state (globals, caches,
+    imported modules) stays for the next attempt in this process.
+    """
+    # Ctrl-C reaches the whole process group: the worker stops its plugin
+    # processes itself. A handler, not SIG_IGN, so programs a plugin runs
+    # still get the default. (Only the main thread may set one.)
+    if threading.current_thread() is threading.main_thread():
+        install_handler(SIGINT, _ignore_interrupt)
+    cwd, environ = os.getcwd(), dict(os.environ)
+    try:
+        conn.send_bytes(b"")  # started: the worker's deadlines begin now
+    except OSError:
+        return
+    while True:
+        try:
+            data = conn.recv_bytes()
+        except (EOFError, OSError):
+            return  # the pool closed the pipe, or the worker process died
+        reply = contextvars.Context().run(_run_job, data, abort)
+        _restore_cwd(cwd)
+        if os.environ != environ:
+            os.environ.clear()
+            os.environ.update(environ)
+        try:
+            conn.send_bytes(reply)
+        except OSError:
+            return
+
+
+def _restore_cwd(cwd: str) -> None:
+    try:
+        moved = os.getcwd() != cwd
+    except OSError:  # the plugin removed the directory it moved into
+        moved = True
+    if moved:
+        os.chdir(cwd)
+
+
+def _no_heartbeat() -> None:
+    return None
+
+
+def exit_text(exitcode: int | None) -> str:
+    """The error of an attempt whose process died: its exit code or signal."""
+    if exitcode is None:
+        return "plugin process exited without a result"
+    if exitcode < 0:
+        try:
+            name = Signals(-exitcode).name
+        except ValueError:
+            name = f"signal {-exitcode}"
+        return f"plugin process exited without a result (killed by {name})"
+    return f"plugin process exited without a result (exit code {exitcode})"
+
+
+def read_reply(data: bytes) -> tuple[ExecutionOutcome, dict[str, Any]]:
+    """The worker's side of :func:`_reply_bytes`: the outcome and the child
+    run requests of the attempt. Raises what unpickling raises."""
+    kind, outputs, error, wait_id, children = pickle.loads(data)
+    outcome = ExecutionOutcome(
+        OutcomeKind(kind),
+        outputs=tuple(EmittedOutput(id=i, fields=f, data=d) for i, f, d in outputs),
+        error=error,
+        wait_id=wait_id,
+    )
+    return outcome, children
