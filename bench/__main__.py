@@ -1,4 +1,4 @@
-"""``python -m bench``: the benchmark suite of issue 9 (see bench/run.py)."""
+"""``python -m bench``: the benchmark suite (see bench/run.py)."""
 
 from bench.run import main
 

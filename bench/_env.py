@@ -84,9 +84,9 @@ def python_calibration_ms(rounds: int = 7) -> float:
     return round(1e3 * statistics.median(timings), 2)
 
 
-#: :func:`python_calibration_ms` on the VM where issue 9's targets were set
-#: and where rounds 6-10 of docs/performance.md were measured (its fast and
-#: its slow hours). The targets are absolute figures for that machine.
+#: :func:`python_calibration_ms` on the VM where the suite's targets were set
+#: (its fast and its slow hours). The targets are absolute figures for that
+#: machine.
 REFERENCE_CALIBRATION_MS = (17.9, 23.4)
 
 

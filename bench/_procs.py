@@ -199,7 +199,7 @@ def profiled_cli(out: Path, argv: Sequence[str]) -> None:
 SUBMITTER_POLL = 0.05
 """How often the submitter reads the last pending run (seconds). The figures
 come from the runs' stored ``finished_at``, so this adds nothing to them; a
-tighter poll (10 ms until round 10) only took CPU from the workers on 2 cores."""
+tighter poll (10 ms, say) only takes CPU from the workers on 2 cores."""
 
 
 def _submit(url: str, workload: str, size: int, profile: str | None) -> None:

@@ -1,4 +1,4 @@
-"""dagwerk's benchmark suite (issue 9): ``python -m bench`` or ``python bench/run.py``.
+"""dagwerk's benchmark suite: ``python -m bench`` or ``python bench/run.py``.
 
 Workloads, each on a fresh database, with real ``dagwerk worker`` processes:
 
@@ -18,7 +18,7 @@ database, measured here, is the ceiling. Identical cases are measured once
 (W1 is W5's first point; without --full W3 is W5's 10,000 point). The short
 cases (W1, W2) run three times (``--repeat``), each on a fresh database with
 fresh workers, and report the median run with every run's figure. Prints a
-table, the targets of issue 9 against the figures, and a JSON document
+table, the suite's targets against the figures, and a JSON document
 (also written to ``--json PATH``). ``--profile DIR`` runs the selected cases
 with every worker thread and the submitter under cProfile and writes the
 statistics (``.prof`` and a text summary) to DIR.
@@ -237,7 +237,7 @@ def run_cases(
 def targets(
     results: dict[Case, dict[str, object]], by_label: dict[str, list[Case]]
 ) -> list[dict[str, object]]:
-    """Issue 9's targets next to the measured figures (only those measured)."""
+    """The suite's targets next to the measured figures (only those measured)."""
     out: list[dict[str, object]] = []
 
     def find(label: str, backend: str, workers: int) -> dict[str, object] | None:
@@ -262,7 +262,7 @@ def targets(
 
     for workers in (1, 2):
         w1 = find("W1", "sqlite", workers)
-        if w1 and workers == 2:  # the issue sets none for one worker (its row is a reference)
+        if w1 and workers == 2:  # no target for one worker (its row is a reference)
             add(f"W1 sqlite {workers}w tasks/s >=", 5000.0, w1["tasks_per_s"], True)
         w2 = find("W2", "sqlite", workers)
         if w2:
@@ -354,7 +354,7 @@ def write_profile_summaries(directory: Path, top: int = 40) -> None:
 def main(argv: Sequence[str] | None = None) -> None:
     parser = argparse.ArgumentParser(
         prog="python -m bench",
-        description="dagwerk benchmark suite (issue 9)",
+        description="dagwerk benchmark suite",
         formatter_class=argparse.RawDescriptionHelpFormatter,
         epilog=__doc__,
     )

@@ -1,4 +1,4 @@
-"""The pipelines and plugins of the benchmark suite (issue 9).
+"""The pipelines and plugins of the benchmark suite.
 
 Worker processes import this module (``dagwerk worker --plugins
 bench.workloads``), which registers the plugins in dagwerk's default

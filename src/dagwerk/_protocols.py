@@ -1,4 +1,4 @@
-"""Runtime protocol checks decided once per class (issue 9).
+"""Runtime protocol checks decided once per class.
 
 ``isinstance`` against a runtime-checkable :class:`typing.Protocol` looks up
 every member of the protocol on each call (tens of microseconds on Python

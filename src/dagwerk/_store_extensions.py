@@ -316,7 +316,7 @@ error that refused it (nothing of that request was written)."""
 
 @runtime_checkable
 class BatchQueueStore(Protocol):
-    """Several worker transitions per commit (dagwerk extension, issue 9).
+    """Several worker transitions per commit (dagwerk extension).
 
     Each method does what a sequence of single operations does, with the same
     fencing and validation, but in fewer transactions: nothing is weaker, a
@@ -359,7 +359,7 @@ class BatchQueueStore(Protocol):
 @runtime_checkable
 class UnitOfWorkStore(Protocol):
     """Several store calls of one thread in one transaction (dagwerk
-    extension, issue 9).
+    extension).
 
     Inside ``with store.unit_of_work():`` every store call the entering
     thread makes joins one write transaction that commits when the block
@@ -608,7 +608,7 @@ class QueueForecastStore(Protocol):
         ...
 
 
-# --- dagwerk extension: composite child runs and budgets (issue 7) ------------
+# --- dagwerk extension: composite child runs and budgets ------------
 
 
 @runtime_checkable

@@ -1,5 +1,5 @@
 """Models built from values that are already valid, without pydantic's
-per-call work (issue 9).
+per-call work.
 
 ``Model.model_construct`` skips validation but still walks the fields, fills
 defaults and sorts out extras on every call; on the worker's hot path (a plan

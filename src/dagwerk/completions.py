@@ -1,5 +1,5 @@
 """Several task completions per commit: the batched form of
-:func:`dagwerk.orchestrator.complete_attempt` (issue 9).
+:func:`dagwerk.orchestrator.complete_attempt`.
 
 A worker that finished several attempts hands their completions to
 :func:`complete_attempts`; the store commits them together with the acks of

@@ -1,5 +1,4 @@
-"""The reconcile after a completion, from the completed nodes' neighbourhood
-(issue 9).
+"""The reconcile after a completion, from the completed nodes' neighbourhood.
 
 :func:`~dagwerk.orchestrator.reconcile_run` reads every launch of the run, so
 a run of ``n`` nodes costs O(n) per completion and O(n²) in all. After the

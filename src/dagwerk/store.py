@@ -560,7 +560,7 @@ class RunFrontier:
 @runtime_checkable
 class RunFrontierStore(Protocol):
     """Optional fast path for the reconcile after a completion (dagwerk
-    extension, issue 9): the launches around the completed nodes instead of
+    extension): the launches around the completed nodes instead of
     every launch of the run. Without it the orchestrator reconciles in full."""
 
     def get_run_frontier(

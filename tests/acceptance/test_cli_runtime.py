@@ -250,7 +250,7 @@ def probe(inputs, ctx):
 
 def test_the_worker_command_freezes_its_start_up_heap(cli: Cli, tmp_path: Path) -> None:
     # The oldest generation's collector passes must not walk the worker's
-    # start-up objects (a ~15 ms pass inside a transaction, issue 9); a plugin
+    # start-up objects (a ~15 ms pass inside a transaction); a plugin
     # sees them frozen.
     from dagwerk.engine import Engine
     from dagwerk.models import DagNode

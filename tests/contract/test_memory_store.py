@@ -1,5 +1,4 @@
-"""The store contract suite (queue and round-2 operations included) against
-the in-memory reference store."""
+"""The store contract suite against the in-memory reference store."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Completions that name their runs (``CompletionRequest.run_id``, issue 9).
+"""Completions that name their runs (``CompletionRequest.run_id``).
 
 A worker knows each task's run from its delivery. On PostgreSQL,
 ``complete_and_ack`` groups the requests by run so that each group locks its

@@ -1,4 +1,4 @@
-"""Prepared statements of the PostgreSQL gateway (issue 9).
+"""Prepared statements of the PostgreSQL gateway.
 
 Every statement is prepared on its first use on a connection (psycopg's
 ``prepare_threshold=0``; its default prepared a statement at its sixth

@@ -1,4 +1,4 @@
-"""Set-based batched writes of the PostgreSQL gateway (issue 9).
+"""Set-based batched writes of the PostgreSQL gateway.
 
 ``Tx.many(name, rows)`` sends one statement per call for the blocks that
 have a set form in ``postgres/set_writes.sql`` (all rows travel as one JSON

@@ -1,4 +1,4 @@
-"""WAL checkpoints run on a background thread, not in the commits (issue 9).
+"""WAL checkpoints run on a background thread, not in the commits.
 
 SQLite's default (checkpoint in the commit that takes the log past 1,000
 pages) stalled one commit in a few dozen by the copy of every changed page,

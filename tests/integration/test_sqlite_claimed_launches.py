@@ -1,5 +1,5 @@
 """Launches that insert their tasks claimed for the claim ahead of their unit
-of work (SQLite, issue 9; ``backends/sql/_ahead.py``).
+of work (SQLite; ``backends/sql/_ahead.py``).
 
 A worker announces its claim ahead (``expect_claim``) at the start of its
 completion unit; a launch in that unit then writes the tasks the claim would

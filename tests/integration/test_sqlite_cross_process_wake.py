@@ -1,5 +1,5 @@
 """Another process's commit wakes this process's waiting dequeues at once
-(Linux inotify on the write-ahead log; issue 9). Before, only the
+(Linux inotify on the write-ahead log). Before, only the
 ``data_version`` poll found it, up to 50 ms later for an idle worker."""
 
 from __future__ import annotations

@@ -1,5 +1,5 @@
 """A lone read on SQLite runs as one statement, without ``BEGIN`` and
-``COMMIT`` (``SqliteGateway.read_one``, issue 9): the worker reads a run's
+``COMMIT`` (``SqliteGateway.read_one``): the worker reads a run's
 status before every attempt."""
 
 from __future__ import annotations

@@ -1,5 +1,5 @@
 """One transaction for a worker's completions and the launches they cause
-(SQLite's ``UnitOfWorkStore``, issue 9).
+(SQLite's ``UnitOfWorkStore``).
 
 Inside ``store.unit_of_work()`` the calling thread's store calls share one
 write transaction: nothing is visible to other connections before the block

@@ -1,4 +1,4 @@
-"""SQLite writers of one database queue on a kernel lock (issue 9).
+"""SQLite writers of one database queue on a kernel lock.
 
 SQLite's busy handler sleeps 1, 2, 5, 10 ... ms between tries, so writers of
 several processes used to wait far longer than the transactions they waited
@@ -311,7 +311,7 @@ def test_an_in_memory_store_takes_no_side_lock(tmp_path: Path) -> None:
     store.close()
 
 
-# --- the synchronous option (issue 9: a documented engine option) -------------------
+# --- the synchronous option (a documented engine option) -------------------
 
 
 def _pragma(store: SqliteStore) -> int:

@@ -1,5 +1,5 @@
 """A started worker runs a batch's lone attempt on its loop thread
-(runtime/_inline.py, issue 9 W2): a hop saves two thread hand-offs, and a
+(runtime/_inline.py; W2): a hop saves two thread hand-offs, and a
 plugin that hangs, ignores its abort or leaves still cannot stall the worker.
 On a SQLite file, with the worker's real actor thread."""
 

@@ -1,4 +1,4 @@
-"""Per-attempt Events are made only when a thread waits on them (issue 9),
+"""Per-attempt Events are made only when a thread waits on them,
 and a lazily made Event never misses what happened before it existed."""
 
 from __future__ import annotations

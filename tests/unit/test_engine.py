@@ -25,7 +25,6 @@ from dagwerk import (
 from dagwerk.constants import TaskStatus
 from dagwerk.engine import (
     DEFAULT_REGISTRY,
-    BackendUnavailableError,
     ResumeRejectedError,
     RunExistsError,
     RunNotFoundError,
@@ -263,18 +262,12 @@ def test_urls(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     with Engine() as engine:
         assert engine.url == "sqlite:///dagwerk.db"
     assert (tmp_path / "dagwerk.db").exists()
-    import importlib.util
-
     from dagwerk.errors import DagwerkError
 
-    if importlib.util.find_spec("dagwerk.backends.postgres") is None:
-        with pytest.raises(BackendUnavailableError, match="PostgreSQL backend not available yet"):
-            Engine("postgresql://localhost/dagwerk")
-    else:
-        # The backend exists: an unreachable server is a typed store error, not a
-        # traceback (after the reconnect window: 30 s by default, short here).
-        with pytest.raises(DagwerkError, match="cannot connect"):
-            Engine("postgresql://127.0.0.1:1/dagwerk", reconnect_timeout=0.5)
+    # An unreachable server is a typed store error, not a traceback (after
+    # the reconnect window: 30 s by default, short here).
+    with pytest.raises(DagwerkError, match="cannot connect"):
+        Engine("postgresql://127.0.0.1:1/dagwerk", reconnect_timeout=0.5)
     with pytest.raises(InvalidStoreValueError, match="unsupported database URL"):
         Engine("mysql://localhost/x")
 

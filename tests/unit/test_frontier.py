@@ -1,4 +1,4 @@
-"""The targeted reconcile after a completion (dagwerk.frontier, issue 9):
+"""The targeted reconcile after a completion (dagwerk.frontier):
 when it takes the short path, when it hands over to ``reconcile_run``, and
 that both end in the same state on random DAGs (memory and SQLite)."""
 

@@ -525,7 +525,7 @@ def test_js_03_freeze_and_thaw_round_trip(value: object) -> None:
     assert canonical_json_bytes(frozen) == _expected_canonical(value)
 
 
-# --- the flat-object fast path of FrozenDict (issue 9) ---------------------------------
+# --- the flat-object fast path of FrozenDict ---------------------------------
 
 
 class _Str(str):

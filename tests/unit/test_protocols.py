@@ -1,4 +1,4 @@
-"""``implements``: a runtime protocol check decided once per class (issue 9)."""
+"""``implements``: a runtime protocol check decided once per class."""
 
 from __future__ import annotations
 

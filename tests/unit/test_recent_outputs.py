@@ -1,6 +1,6 @@
 """The outputs a SQL store committed lately (``backends/sql/_recent.py``):
 kept within a byte budget, answered only whole, and used by the worker so a
-claimed task's inputs are not read again (issue 9)."""
+claimed task's inputs are not read again."""
 
 from __future__ import annotations
 

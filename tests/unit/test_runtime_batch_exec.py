@@ -1,5 +1,5 @@
 """ThreadExecutor.execute_many: a batch of attempts on as few threads as it
-needs, with the semantics of one thread per attempt (issue 9)."""
+needs, with the semantics of one thread per attempt."""
 
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
 """InlineRunner: a lone attempt's plugin on the calling (loop) thread, with
-the semantics of a runner thread (issue 9, W2)."""
+the semantics of a runner thread (W2)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""The worker's reusable attempt threads (issue 9) keep the semantics of a new
+"""The worker's reusable attempt threads keep the semantics of a new
 daemon thread per job: started on return, never blocked by a hung job, an
 empty context per job, the job's name while it runs."""
 

@@ -1,5 +1,5 @@
 """The SQL store's reconcile after a completion reads what the hop needs, not
-the whole run (issue 9): its statements neither name every node or launch of
+the whole run: its statements neither name every node or launch of
 the run nor grow with the run's size."""
 
 from __future__ import annotations
@@ -345,8 +345,7 @@ def test_a_worker_hop_in_a_chain_takes_17_statements(
     transaction (complete, reconcile and launch without savepoints; the
     launch inserts the child claimed for the claim ahead, which then has
     nothing to read or write) and the run's status read alone; the child's
-    input comes from the outputs the worker just committed. Issue 9 took it
-    from 41 statements to 17; this keeps it there."""
+    input comes from the outputs the worker just committed: 17 statements."""
     engine = Engine(f"sqlite:///{tmp_path / 'hop.db'}")
     for n in range(12):
         engine.plugin(f"n{n}")(lambda inputs, ctx: [{"n": 1}])

@@ -1,5 +1,5 @@
 """The SQL store's shared JSON encoders write exactly what ``json.dumps``
-with the same options writes (issue 9: they replace per-call encoders)."""
+with the same options writes (they replace per-call encoders)."""
 
 from __future__ import annotations
 

@@ -1,7 +1,7 @@
 """A completion learns whether it completed its launch from the launch's
 counter as read with its task, under the lock every write of the counter
 takes: the counter's update needs no answer and no read of the launch follows
-it (issue 9; it used to be read back, or answered by ``RETURNING``).
+it (it used to be read back, or answered by ``RETURNING``).
 PostgreSQL's side, the read under the run lock, is in
 ``tests/integration/test_postgres_lock_modes.py``."""
 

@@ -1,4 +1,4 @@
-"""The SQL store's memo of parsed task plans (issue 9): it returns exactly what
+"""The SQL store's memo of parsed task plans: it returns exactly what
 validation returns, caches only successes, and stays bounded."""
 
 from __future__ import annotations

@@ -1,5 +1,5 @@
-"""The SQL store measures an output's routing size from the text it writes
-(issue 9); the figure must be exactly the canonical size the bounded walk gives."""
+"""The SQL store measures an output's routing size from the text it writes;
+the figure must be exactly the canonical size the bounded walk gives."""
 
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
 """The SQL store builds a run's topology with the first parse of its stored
-definition (issue 9): the nodes it just validated are not validated again,
+definition: the nodes it just validated are not validated again,
 and a worker's first reconcile of the run finds the graph built."""
 
 from __future__ import annotations

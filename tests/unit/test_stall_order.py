@@ -1,5 +1,5 @@
-"""The stall diagnosis walks nodes in rounds of topological order (issue 9:
-the walk is linear; it once rescanned every unplaced node per round)."""
+"""The stall diagnosis walks nodes in rounds of topological order, in time
+linear in the nodes (no rescan of every unplaced node per round)."""
 
 from __future__ import annotations
 

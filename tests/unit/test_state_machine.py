@@ -3,7 +3,7 @@
 A hypothesis ``RuleBasedStateMachine`` builds a small random pipeline with a
 random failure policy, then drives claim, complete, fail, crash, wait,
 resume, recover, retry_task, retry_run, cancel, stale callbacks and exact
-replays in any order. After every step it checks the invariants of issue 3:
+replays in any order. After every step it checks these invariants:
 
 * no QUEUED task without a deliverable outbox row (OB-01);
 * one current attempt per task: attempt IDs are unique and a superseded

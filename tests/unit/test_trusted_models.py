@@ -1,4 +1,4 @@
-"""``trusted_model`` builds what validation builds from valid values (issue 9)."""
+"""``trusted_model`` builds what validation builds from valid values."""
 
 from __future__ import annotations
 

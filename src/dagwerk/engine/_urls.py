@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import importlib
 from typing import Any, Final
 
 from dagwerk.errors import DagwerkError
@@ -40,22 +39,14 @@ def open_store(url: str, **options: Any) -> Any:
         return MemoryStore(**options)
     if url.startswith(("postgresql:", "postgres:", "postgresql+psycopg:")):
         try:
-            module = importlib.import_module("dagwerk.backends.postgres")
+            from dagwerk.backends.postgres import PostgresStore
         except ModuleNotFoundError as error:
-            if error.name not in ("dagwerk.backends.postgres", "dagwerk.backends"):
-                raise BackendUnavailableError(
-                    f"the PostgreSQL backend needs the postgres extra "
-                    f"(pip install 'dagwerk[postgres]'): {error}",
-                    field="url",
-                ) from error
-            module = None
-        store_class = getattr(module, "PostgresStore", None)
-        if store_class is None:
             raise BackendUnavailableError(
-                "PostgreSQL backend not available yet; use sqlite:///path.db or memory://",
+                f"the PostgreSQL backend needs the postgres extra "
+                f"(pip install 'dagwerk[postgres]'): {error}",
                 field="url",
-            )
-        return store_class(url, **options)
+            ) from error
+        return PostgresStore(url, **options)
     raise InvalidStoreValueError(
         f"unsupported database URL {url!r}; use sqlite:///path.db, memory:// or postgresql://...",
         field="url",

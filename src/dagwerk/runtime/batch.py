@@ -12,7 +12,7 @@ Per batch, instead of about ten transactions per delivery:
 4. the plugins run in parallel (up to ``concurrency``);
 5. one ``complete_and_ack`` for every attempt that returned outputs, then one
    reconcile per run whose launch completed (:func:`complete_attempts`);
-   failures, timeouts, waits and cancellations settle one by one as before.
+   failures, timeouts, waits and cancellations settle one by one.
    Where that is one unit of work (SQLite), the unit also claims the next
    batch (step 1 of the next round), so it sees the launches just made
    without a transaction of its own; a stopping worker gives such claims

@@ -88,7 +88,7 @@ class TaskContext:
         validate_wait_id(wait_id)
         raise WaitRequested(wait_id)
 
-    # --- child runs (issue 7) ---------------------------------------------------
+    # --- child runs ---------------------------------------------------
 
     def start_child(
         self,

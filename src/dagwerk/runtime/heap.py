@@ -4,10 +4,10 @@ A worker process holds tens of thousands of long-lived objects from start-up
 (modules, pydantic schemas, the plugins and their imports). CPython's oldest
 generation collection walks all of them; in a ``dagwerk worker`` one such
 pass took ~15 ms and, landing inside a unit of work, held SQLite's write
-lock for all of it (issue 9). :func:`freeze_startup_heap` moves everything
+lock for all of it. :func:`freeze_startup_heap` moves everything
 alive at that point into the permanent generation (``gc.freeze``), so later
 passes walk only what the worker allocated since. The objects stay alive as
-they would anyway; cycles created later are collected as before.
+they would anyway; cycles created later are collected as usual.
 
 Only the process's owner should call it: the ``dagwerk worker`` command does,
 once, after loading the plugins and before serving; a library embedding a

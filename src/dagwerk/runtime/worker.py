@@ -243,7 +243,7 @@ class Worker:
             else None
         )
         self.sweeper = StaleSweeper(self)
-        # Child runs and budgets (issue 7): the depth limit every run's
+        # Child runs and budgets: the depth limit every run's
         # persisted lineage is checked against, and the byte limits, copied
         # now so nothing later can raise them (BG-01).
         if type(max_child_depth) is not int or max_child_depth < 0:

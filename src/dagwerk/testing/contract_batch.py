@@ -1,4 +1,4 @@
-"""Contract tests: the batched worker operations of ``BatchQueueStore`` (issue 9).
+"""Contract tests: the batched worker operations of ``BatchQueueStore``.
 
 ``claim_deliveries`` is ``dequeue`` followed by one ``try_claim_task`` per
 leased row; ``complete_and_ack`` is, per request, ``try_complete_task``

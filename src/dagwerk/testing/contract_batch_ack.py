@@ -1,4 +1,4 @@
-"""Contract tests: ``BatchQueueStore.complete_and_ack`` (issue 9), per request
+"""Contract tests: ``BatchQueueStore.complete_and_ack``, per request
 ``try_complete_task`` followed by ``ack`` when the completion did not raise.
 The claim half and the shared fixtures are in
 :mod:`dagwerk.testing.contract_batch`."""

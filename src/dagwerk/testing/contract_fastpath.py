@@ -1,4 +1,4 @@
-"""Contract tests: the store's fast paths (issue 9), on every backend.
+"""Contract tests: the store's fast paths, on every backend.
 
 ``RunTopologyStore`` hands the orchestrator and the worker the run's
 validated topology and single node definitions without copying every node

@@ -1,4 +1,4 @@
-"""Contract tests: the run frontier and the targeted reconcile (issue 9), on
+"""Contract tests: the run frontier and the targeted reconcile, on
 every backend.
 
 ``RunFrontierStore.get_run_frontier`` answers, from one snapshot, what the

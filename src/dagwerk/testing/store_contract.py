@@ -24,6 +24,7 @@ an application's own store runs the same suite as the bundled backends.
 
 from __future__ import annotations
 
+from dagwerk.testing.contract_attempts import *  # noqa: F403
 from dagwerk.testing.contract_backstop import *  # noqa: F403
 from dagwerk.testing.contract_batch import *  # noqa: F403
 from dagwerk.testing.contract_batch_ack import *  # noqa: F403
@@ -39,7 +40,6 @@ from dagwerk.testing.contract_outbox import *  # noqa: F403
 from dagwerk.testing.contract_policies import *  # noqa: F403
 from dagwerk.testing.contract_queue import *  # noqa: F403
 from dagwerk.testing.contract_retry import *  # noqa: F403
-from dagwerk.testing.contract_round2 import *  # noqa: F403
 from dagwerk.testing.contract_snapshots import *  # noqa: F403
 from dagwerk.testing.contract_states import *  # noqa: F403
 from dagwerk.testing.contract_waiting import *  # noqa: F403

@@ -253,7 +253,7 @@ class MemoryStoreBase:
         revisions = ",".join(f"{s}:{run.node_revisions[s]}" for s in sources)
         return f"{run.run_id}|{run.epoch}|{node_index}|{run.generations[node_index]}|{revisions}"
 
-    # -- hooks of the child-run and budget mixins (issue 7) -------------------
+    # -- hooks of the child-run and budget mixins -------------------
 
     def _after_terminate(self, run: RunState, status: RunStatus, error: str | None) -> None:
         """Called inside a run's terminal transition, after its own writes."""

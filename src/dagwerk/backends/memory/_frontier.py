@@ -1,4 +1,4 @@
-"""The run frontier of the in-memory store (issue 9, ``RunFrontierStore``)."""
+"""The run frontier of the in-memory store (``RunFrontierStore``)."""
 
 from __future__ import annotations
 

@@ -8,7 +8,7 @@ to make durable). The next transaction that needs a connection takes the
 most recently parked one and reads that acknowledgement in its own first
 flight, so a read costs one round trip instead of two. A connection is
 parked only while no thread waits in the pool, so parking never makes
-another thread wait; a write's connection goes back to the pool as before.
+another thread wait; a write's connection goes back to the pool.
 """
 
 from __future__ import annotations

@@ -8,7 +8,7 @@ batched writes use, ``set_writes.sql`` holds a form that takes all rows of
 the call as one JSON array: one statement, one result.
 
 A call takes the set form only when that cannot change what it does (see
-:meth:`SetWrite.segments`); otherwise it runs per row, exactly as before.
+:meth:`SetWrite.segments`); otherwise it runs one statement per row.
 """
 
 from __future__ import annotations

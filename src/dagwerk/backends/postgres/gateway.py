@@ -370,7 +370,7 @@ class _Tx:
 
         A block with a set form (``set_writes.sql``) sends all the rows in
         one statement when that does the same as one statement per row (see
-        :meth:`SetWrite.segments`); every row is checked as before either way.
+        :meth:`SetWrite.segments`); every row is checked the same way either way.
         """
         statement = QUERIES[name]
         if statement.preludes:

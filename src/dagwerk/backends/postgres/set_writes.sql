@@ -11,7 +11,7 @@
 --     that). The gateway sends the set form only when no two rows of a call
 --     share a key, so no target row is touched twice by one statement (an
 --     UPDATE ... FROM applies one of several matching rows, an INSERT would
---     fail on the second); otherwise the call runs per row as before.
+--     fail on the second); otherwise the call runs one statement per row.
 --   * the rows are read by one subquery, "r", of this form:
 --       (SELECT ... FROM unnest(ARRAY(SELECT jsonb_array_elements(CAST(:rows AS jsonb))))
 --                        [WITH ORDINALITY] AS e (v[, ord]),

@@ -1,4 +1,4 @@
-"""Launches that claim their tasks for the claim ahead of their unit (issue 9).
+"""Launches that claim their tasks for the claim ahead of their unit.
 
 A worker completes a batch and claims its next one in one unit of work
 (SQLite; see ``dagwerk.runtime.batch``). Before the completions it tells the

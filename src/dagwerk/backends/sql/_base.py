@@ -445,7 +445,7 @@ class SqlStoreBase:
         token = f"{run['run_id']}|{run['epoch']}|{node_index}|{generation}|{revisions}"
         return token, generation
 
-    # -- hooks of the child-run and budget mixins (issue 7) ----------------------
+    # -- hooks of the child-run and budget mixins ----------------------
 
     def _after_terminate(self, tx: Tx, run: Row, status: RunStatus, error: str | None) -> None:
         """Called inside a run's terminal transition, after its own writes."""

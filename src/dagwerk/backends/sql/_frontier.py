@@ -1,4 +1,4 @@
-"""The run frontier of the SQL store (issue 9, ``RunFrontierStore``)."""
+"""The run frontier of the SQL store (``RunFrontierStore``)."""
 
 from __future__ import annotations
 

@@ -18,7 +18,7 @@ validation (``TaskInputPlan.model_dump_json`` of a validated plan), so
 re-checking sizes and uniqueness on every read only repeats work (about
 0.15 ms per task). The rebuilt plan equals the validated one (tested on
 generated plans); text that does not have the written shape, e.g. a row
-edited by hand, goes through full validation and fails there as before.
+edited by hand, goes through full validation and fails there.
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Outputs a store object committed lately, kept for its own worker (issue 9).
+"""Outputs a store object committed lately, kept for its own worker.
 
 The next task of a chain reads exactly the outputs its parent just published,
 and usually on the worker that published them: on SQLite that read was a

@@ -1,4 +1,4 @@
-"""WAL checkpoints off the commit path (issue 9).
+"""WAL checkpoints off the commit path.
 
 By default SQLite checkpoints inside the commit that takes the write-ahead
 log past 1,000 pages: that commit copies every page changed since the last

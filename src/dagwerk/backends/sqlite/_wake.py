@@ -1,4 +1,4 @@
-"""Wake a process's waiting dequeues when another process commits (issue 9).
+"""Wake a process's waiting dequeues when another process commits.
 
 A commit of this process wakes its own waiting dequeues through a condition
 (see ``gateway._Waker``); a commit of another process could only be found by

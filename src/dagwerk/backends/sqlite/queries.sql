@@ -573,7 +573,7 @@ FROM dagwerk_deliveries GROUP BY queue ORDER BY queue;
 -- name: gated_run_status_counts
 SELECT status, count(*) AS n FROM dagwerk_runs GROUP BY status;
 
--- Composite child runs and budgets (issue 7). ---------------------------------
+-- Composite child runs and budgets. ---------------------------------
 
 -- name: child_link_insert
 INSERT INTO dagwerk_run_links

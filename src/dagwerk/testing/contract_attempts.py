@@ -32,20 +32,20 @@ from dagwerk.testing.helpers import CallbackLog, chain, emit, new_run, only_task
 from dagwerk.waiting import resume_task, wait_task
 
 __all__ = [
-    "test_r2_01_attempt_numbers_and_history",
-    "test_r2_02_failure_with_retry_is_one_commit_with_delayed_delivery",
-    "test_r2_03_failure_with_retry_is_fenced",
-    "test_r2_04_recovery_carries_lost_deliveries_to_the_dead_letter_queue",
-    "test_r2_05_dead_letter_crash_follows_fail_fast",
-    "test_r2_06_dead_letter_crash_under_continue_others_and_reinject",
-    "test_r2_07_resume_stores_the_response_once",
-    "test_r2_08_rerun_reopens_a_completed_run_from_the_named_nodes",
-    "test_r2_09_rerun_refused_while_an_affected_task_runs",
-    "test_r2_10_rerun_rejects_bad_requests",
-    "test_r2_11_list_runs_newest_first_with_times",
-    "test_r2_12_node_queue_and_priority_route_deliveries",
-    "test_r2_13_dequeue_waits_and_wakes_on_enqueue",
-    "test_r2_14_a_run_records_its_pipeline_name",
+    "test_at_01_attempt_numbers_and_history",
+    "test_at_02_failure_with_retry_is_one_commit_with_delayed_delivery",
+    "test_at_03_failure_with_retry_is_fenced",
+    "test_at_04_recovery_carries_lost_deliveries_to_the_dead_letter_queue",
+    "test_at_05_dead_letter_crash_follows_fail_fast",
+    "test_at_06_dead_letter_crash_under_continue_others_and_reinject",
+    "test_at_07_resume_stores_the_response_once",
+    "test_at_08_rerun_reopens_a_completed_run_from_the_named_nodes",
+    "test_at_09_rerun_refused_while_an_affected_task_runs",
+    "test_at_10_rerun_rejects_bad_requests",
+    "test_at_11_list_runs_newest_first_with_times",
+    "test_at_12_node_queue_and_priority_route_deliveries",
+    "test_at_13_dequeue_waits_and_wakes_on_enqueue",
+    "test_at_14_a_run_records_its_pipeline_name",
 ]
 
 
@@ -62,7 +62,7 @@ def _take_and_claim(store: QueueContractStore, worker: str = "w1") -> LeasedDeli
     return row
 
 
-def test_r2_01_attempt_numbers_and_history(qstore: QueueContractStore) -> None:
+def test_at_01_attempt_numbers_and_history(qstore: QueueContractStore) -> None:
     new_run(qstore, [root("a")])
     first = only_task(qstore, "run-1", 0)
     assert first.attempt_number == 1
@@ -86,7 +86,7 @@ def test_r2_01_attempt_numbers_and_history(qstore: QueueContractStore) -> None:
     assert qstore.list_attempts("no-such-task") == []
 
 
-def test_r2_02_failure_with_retry_is_one_commit_with_delayed_delivery(
+def test_at_02_failure_with_retry_is_one_commit_with_delayed_delivery(
     qstore: QueueContractStore, queue_clock: FakeClock
 ) -> None:
     log = new_run(qstore, [root("a")])
@@ -116,7 +116,7 @@ def test_r2_02_failure_with_retry_is_one_commit_with_delayed_delivery(
     assert task(qstore, row.task_id).attempt_id == new_attempt
 
 
-def test_r2_03_failure_with_retry_is_fenced(qstore: QueueContractStore) -> None:
+def test_at_03_failure_with_retry_is_fenced(qstore: QueueContractStore) -> None:
     new_run(qstore, [root("a")])
     record = only_task(qstore, "run-1", 0)
     # Not RUNNING yet: refused.
@@ -149,7 +149,7 @@ def test_r2_03_failure_with_retry_is_fenced(qstore: QueueContractStore) -> None:
     assert (after.attempt_id, after.status) == (row.attempt_id, TaskStatus.CANCELLED)
 
 
-def test_r2_04_recovery_carries_lost_deliveries_to_the_dead_letter_queue(
+def test_at_04_recovery_carries_lost_deliveries_to_the_dead_letter_queue(
     make_store: Callable[..., QueueContractStore], queue_clock: FakeClock
 ) -> None:
     store = make_store(clock=queue_clock, max_deliveries=2)
@@ -215,7 +215,7 @@ def _dead_letter_first_root(
     return store, log
 
 
-def test_r2_05_dead_letter_crash_follows_fail_fast(
+def test_at_05_dead_letter_crash_follows_fail_fast(
     make_store: Callable[..., QueueContractStore], queue_clock: FakeClock
 ) -> None:
     store, log = _dead_letter_first_root(make_store, queue_clock, FailurePolicy.FAIL_FAST)
@@ -229,7 +229,7 @@ def test_r2_05_dead_letter_crash_follows_fail_fast(
     assert settle_crashed_task(store, "nope", callbacks=log.callbacks) is False
 
 
-def test_r2_06_dead_letter_crash_under_continue_others_and_reinject(
+def test_at_06_dead_letter_crash_under_continue_others_and_reinject(
     make_store: Callable[..., QueueContractStore], queue_clock: FakeClock
 ) -> None:
     store, log = _dead_letter_first_root(make_store, queue_clock, FailurePolicy.CONTINUE_OTHERS)
@@ -254,7 +254,7 @@ def test_r2_06_dead_letter_crash_under_continue_others_and_reinject(
     assert settle_crashed_task(store, ref.task_id, callbacks=log.callbacks) is False
 
 
-def test_r2_07_resume_stores_the_response_once(qstore: QueueContractStore) -> None:
+def test_at_07_resume_stores_the_response_once(qstore: QueueContractStore) -> None:
     new_run(qstore, [root("a")])
     row = _take_and_claim(qstore)
     assert wait_task(
@@ -310,7 +310,7 @@ def _complete_all(store: QueueContractStore, log: CallbackLog) -> None:
             store.ack(row.delivery_id, "w1")
 
 
-def test_r2_08_rerun_reopens_a_completed_run_from_the_named_nodes(
+def test_at_08_rerun_reopens_a_completed_run_from_the_named_nodes(
     qstore: QueueContractStore,
 ) -> None:
     log = new_run(qstore, chain(3))
@@ -333,7 +333,7 @@ def test_r2_08_rerun_reopens_a_completed_run_from_the_named_nodes(
     assert only_task(qstore, "run-1", 2).generation == 1
 
 
-def test_r2_09_rerun_refused_while_an_affected_task_runs(qstore: QueueContractStore) -> None:
+def test_at_09_rerun_refused_while_an_affected_task_runs(qstore: QueueContractStore) -> None:
     new_run(qstore, chain(2))
     _take_and_claim(qstore)
     with pytest.raises(RerunRefusedError) as caught:
@@ -343,7 +343,7 @@ def test_r2_09_rerun_refused_while_an_affected_task_runs(qstore: QueueContractSt
     assert qstore.get_run("run-1").retry_count == 0  # type: ignore[union-attr]
 
 
-def test_r2_10_rerun_rejects_bad_requests(qstore: QueueContractStore) -> None:
+def test_at_10_rerun_rejects_bad_requests(qstore: QueueContractStore) -> None:
     new_run(qstore, chain(2))
     assert qstore.try_rerun_nodes("run-1", ()) is None
     assert qstore.try_rerun_nodes("run-1", (5,)) is None
@@ -360,7 +360,7 @@ def test_r2_10_rerun_rejects_bad_requests(qstore: QueueContractStore) -> None:
     assert qstore.get_run_status("run-1") is RunStatus.RUNNING
 
 
-def test_r2_11_list_runs_newest_first_with_times(
+def test_at_11_list_runs_newest_first_with_times(
     make_store: Callable[..., QueueContractStore], queue_clock: FakeClock
 ) -> None:
     store = make_store(clock=queue_clock)
@@ -378,7 +378,7 @@ def test_r2_11_list_runs_newest_first_with_times(
         store.list_runs(limit=0)
 
 
-def test_r2_12_node_queue_and_priority_route_deliveries(qstore: QueueContractStore) -> None:
+def test_at_12_node_queue_and_priority_route_deliveries(qstore: QueueContractStore) -> None:
     nodes = [
         root("plain"),
         DagNode(slug="gpu", plugin="gpu", queue="gpu", priority=3),
@@ -400,7 +400,7 @@ def test_r2_12_node_queue_and_priority_route_deliveries(qstore: QueueContractSto
     assert read_back.retry == spec and read_back.timeout_seconds == 2.5
 
 
-def test_r2_13_dequeue_waits_and_wakes_on_enqueue(qstore: QueueContractStore) -> None:
+def test_at_13_dequeue_waits_and_wakes_on_enqueue(qstore: QueueContractStore) -> None:
     with pytest.raises(DagwerkError):
         qstore.dequeue("w1", limit=1, lease_seconds=5.0, wait_seconds=-1.0)
     started = time.monotonic()
@@ -425,7 +425,7 @@ def test_r2_13_dequeue_waits_and_wakes_on_enqueue(qstore: QueueContractStore) ->
     assert time.monotonic() - began < 5.0
 
 
-def test_r2_14_a_run_records_its_pipeline_name(qstore: QueueContractStore) -> None:
+def test_at_14_a_run_records_its_pipeline_name(qstore: QueueContractStore) -> None:
     assert qstore.create_run("run-named", [root("a")], pipeline="orders nightly")
     assert qstore.create_run("run-bare", [root("a")])
     named = qstore.get_run("run-named")
