@@ -23,10 +23,53 @@ from __future__ import annotations
 from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass
 from enum import StrEnum
+from typing import Protocol
 
 from dagwerk.constants import FailurePolicy, NodeDisposition, RunStatus, TaskStatus
 from dagwerk.models import DagNode, NodeLaunch
-from dagwerk.store import ExpiredLease, TaskRecord, WorkerRecord
+
+
+class TaskFacts(Protocol):
+    """What the diagnosis reads of a task (a store's ``TaskRecord``)."""
+
+    @property
+    def task_id(self) -> str: ...
+    @property
+    def attempt_id(self) -> str: ...
+    @property
+    def node_index(self) -> int: ...
+    @property
+    def status(self) -> TaskStatus: ...
+    @property
+    def error(self) -> str | None: ...
+    @property
+    def active_wait_id(self) -> str | None: ...
+
+
+class WorkerFacts(Protocol):
+    """What the diagnosis reads of a recorded worker (a store's ``WorkerRecord``)."""
+
+    @property
+    def plugins(self) -> tuple[str, ...]: ...
+    @property
+    def seen_seconds_ago(self) -> float: ...
+    @property
+    def live(self) -> bool: ...
+    def serves(self, plugin: str, queue: str) -> bool: ...
+
+
+class LeaseFacts(Protocol):
+    """What the diagnosis reads of a delivery on an expired lease (a store's
+    ``ExpiredLease``)."""
+
+    @property
+    def task_id(self) -> str: ...
+    @property
+    def attempt_id(self) -> str: ...
+    @property
+    def worker_id(self) -> str: ...
+    @property
+    def expired_seconds_ago(self) -> float: ...
 
 __all__ = [
     "NodeExplanation",
@@ -111,8 +154,8 @@ def _dependencies(nodes: Sequence[DagNode]) -> list[tuple[int, ...]]:
 class _Workers:
     """What the diagnosis knows of the workers (``records`` ``None``: nothing)."""
 
-    records: Sequence[WorkerRecord] | None
-    expired: Mapping[tuple[str, str], ExpiredLease]
+    records: Sequence[WorkerFacts] | None
+    expired: Mapping[tuple[str, str], LeaseFacts]
 
     def missing(self, node: DagNode) -> str | None:
         """Why no live worker serves the node's tasks; ``None`` when one does
@@ -135,7 +178,7 @@ class _Workers:
 
 def _task_state(
     node: DagNode,
-    tasks: Sequence[TaskRecord],
+    tasks: Sequence[TaskFacts],
     delivered: Collection[tuple[str, str]],
     waited: Mapping[str, float],
     workers: _Workers,
@@ -190,13 +233,13 @@ def diagnose_run(
     status: RunStatus,
     nodes: Sequence[DagNode],
     launches: Mapping[int, NodeLaunch],
-    tasks: Sequence[TaskRecord],
+    tasks: Sequence[TaskFacts],
     *,
     failure_policy: FailurePolicy | str = FailurePolicy.FAIL_FAST,
     delivered: Collection[tuple[str, str]] = frozenset(),
     wait_ages: Mapping[str, float] | None = None,
-    workers: Sequence[WorkerRecord] | None = None,
-    expired_leases: Sequence[ExpiredLease] = (),
+    workers: Sequence[WorkerFacts] | None = None,
+    expired_leases: Sequence[LeaseFacts] = (),
 ) -> RunDiagnosis:
     """Explain every node of a run and decide whether the run is stalled.
 
@@ -213,7 +256,7 @@ def diagnose_run(
     )
     waited = wait_ages or {}
     deps = _dependencies(nodes)
-    by_node: dict[int, list[TaskRecord]] = {}
+    by_node: dict[int, list[TaskFacts]] = {}
     for record in tasks:
         by_node.setdefault(record.node_index, []).append(record)
     states: dict[int, tuple[NodeState, str]] = {}

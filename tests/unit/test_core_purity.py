@@ -31,6 +31,10 @@ CORE_MODULES = [
     "dagwerk.planning",
     "dagwerk.schema",
     "dagwerk.plugins",
+    "dagwerk.transitions",
+    "dagwerk.lineage",
+    "dagwerk.budgets",
+    "dagwerk.stall",
 ]
 FORBIDDEN = {
     "sqlite3",

@@ -41,7 +41,7 @@ from dagwerk.transitions import check_task_transition
 
 from ._ahead import ClaimAheadMixin, Preclaimed
 from ._queue import QueueMixin, RowFilter, validate_claim
-from ._tasks import OutputTexts, TasksMixin, _completion, output_texts, task_record
+from ._tasks import OutputTexts, TasksMixin, completion_result, output_texts, task_record
 from .gateway import Row, Tx
 
 _T = TypeVar("_T")
@@ -519,7 +519,7 @@ class BatchMixin(TasksMixin, QueueMixin, ClaimAheadMixin):
             tx.many("queue_ack", batch.acks)
         for position, (index, row) in enumerate(batch.results):
             complete = bool(batch.tasks[position]["launch_complete"])
-            outcomes[index] = _completion(row, complete)
+            outcomes[index] = completion_result(row, complete)
         for index, first in batch.repeats:
             outcomes[index] = outcomes[first]
 
@@ -610,4 +610,4 @@ def _replay(row: Row | None, item: CompletionRequest) -> CompletionOutcome:
     unknown: the first result for the same attempt, else None."""
     if row is None or row["completed_attempt_id"] != item.expected_attempt_id:
         return None
-    return _completion(row, bool(row["completed_launch_complete"]))
+    return completion_result(row, bool(row["completed_launch_complete"]))

@@ -251,7 +251,7 @@ class TasksMixin(SqlStoreBase):
             # are ignored.
             if task["completed_attempt_id"] != expected_attempt_id:
                 return None
-            return _completion(task, bool(task["completed_launch_complete"]))
+            return completion_result(task, bool(task["completed_launch_complete"]))
         # FN-05: ownership before any look at the outputs.
         if not self._matches(task, expected_attempt_id, TaskStatus.RUNNING, None):
             return None
@@ -273,7 +273,7 @@ class TasksMixin(SqlStoreBase):
             },
         )
         self._bump(tx, task["run_id"], task["node_index"])
-        return _completion(task, complete)
+        return completion_result(task, complete)
 
     def _prepare_outputs(
         self,
@@ -440,7 +440,7 @@ class TasksMixin(SqlStoreBase):
             return new_attempt
 
 
-def _completion(task: Row, launch_complete: bool) -> TaskCompletionResult:
+def completion_result(task: Row, launch_complete: bool) -> TaskCompletionResult:
     return TaskCompletionResult(
         task_id=task["task_id"],
         attempt_id=task["attempt_id"],
