@@ -46,6 +46,8 @@ def where(inputs, ctx):
     partial = MARKS / f".ran-{inputs.parameters['n']}"
     partial.write_text(str(os.getpid()))
     partial.replace(MARKS / f"ran-{inputs.parameters['n']}")
+    ctx.logger.info("task %s ran in process %s", inputs.parameters["n"], os.getpid())
+    ctx.logger.debug("debug detail of task %s", inputs.parameters["n"])
     return {"pid": os.getpid()}
 """
 
@@ -169,3 +171,25 @@ def test_a_stopped_or_killed_worker_leaves_no_plugin_process(
     else:
         # Killed without a chance to stop them: each sees its pipe close and exits.
         _until(lambda: all(_ended(pid) for pid in pids), "the plugin processes to exit")
+
+
+@pytest.mark.parametrize("level", ["info", "warning"])
+def test_a_plugin_process_logs_at_the_commands_log_level(tmp_path: Path, level: str) -> None:
+    pipeline, _, env = _project(tmp_path)
+    result = subprocess.run(
+        _dagwerk("run", str(pipeline), "--executor", "process", "--log-level", level),
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=WAIT,
+        check=False,
+    )
+    assert result.returncode == 0, result.stderr
+    shown = [line for line in result.stderr.splitlines() if " ran in process " in line]
+    if level == "info":
+        assert len(shown) == TASKS, result.stderr
+        assert all(" INFO dagwerk.task." in line for line in shown)
+    else:
+        assert shown == []
+    assert "debug detail" not in result.stderr

@@ -15,6 +15,7 @@ import contextvars
 import dataclasses
 import inspect
 import io
+import logging
 import os
 import pickle
 import sys
@@ -87,8 +88,14 @@ def _dumps(value: object) -> bytes:
     return pickle.dumps(value, protocol=pickle.HIGHEST_PROTOCOL)
 
 
+TASK_LOGGER = "dagwerk.task"
+"""The parent of every plugin's ``ctx.logger``."""
+_TASK_LOG_FORMAT = logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s", "%H:%M:%S")
+
+
 def job_bytes(fn: PluginFn, inputs: TaskInputs, ctx: TaskContext) -> bytes:
-    """What the plugin process reads: the worker's ``sys.path``, then the job.
+    """What the plugin process reads: the worker's ``sys.path`` and the level
+    its task loggers show, then the job.
 
     Two pickles in a row, so the plugin process sets ``sys.path`` before it
     unpickles the plugin (and imports its module): a plugin directory the
@@ -97,7 +104,31 @@ def job_bytes(fn: PluginFn, inputs: TaskInputs, ctx: TaskContext) -> bytes:
     travelling = dataclasses.replace(
         ctx, cancelled=_InChild(), heartbeat_fn=_no_heartbeat, secrets=dict(ctx.secrets)
     )
-    return _dumps(list(sys.path)) + _dumps((fn, _inputs_to_wire(inputs), travelling))
+    level = logging.getLogger(TASK_LOGGER).getEffectiveLevel()
+    return _dumps((list(sys.path), level)) + _dumps((fn, _inputs_to_wire(inputs), travelling))
+
+
+class _TaskLogging:
+    """The plugin process's task loggers write to its stderr (the worker's)
+    from the level the worker's task loggers show."""
+
+    def __init__(self) -> None:
+        self.level: int | None = None
+        self.handler = logging.StreamHandler(sys.stderr)
+        self.handler.setFormatter(_TASK_LOG_FORMAT)
+
+    def follow(self, level: int) -> None:
+        if level == self.level:
+            return
+        logger = logging.getLogger(TASK_LOGGER)
+        if self.level is None:
+            logger.addHandler(self.handler)
+            logger.propagate = False
+        logger.setLevel(level)
+        self.level = level
+
+
+_TASK_LOGGING = _TaskLogging()
 
 
 def _reply_bytes(outcome: ExecutionOutcome, children: dict[str, Any]) -> bytes:
@@ -138,9 +169,10 @@ def _run_job(data: bytes, abort: AbortSignal) -> bytes:
     """Run one job in the plugin process; the reply for the worker."""
     stream = io.BytesIO(data)
     try:
-        path = pickle.load(stream)
+        path, level = pickle.load(stream)
         if sys.path != path:
             sys.path[:] = path
+        _TASK_LOGGING.follow(level)
         fn, wire_inputs, travelling = pickle.load(stream)
     except BaseException as exc:
         error = PluginTransferError(
