@@ -4,54 +4,22 @@ run, fail, retry, cancel, resume, dlq, graph, worker shutdown, help and exit cod
 from __future__ import annotations
 
 import json
-import os
 import shlex
 import signal
 import subprocess
 import sys
 import threading
 from pathlib import Path
-from typing import Any
 
 import pytest
+
+from dagwerk.testing.cli import DagwerkCli as Cli
 
 ROOT = Path(__file__).resolve().parents[2]
 PIPELINES = ROOT / "examples" / "pipelines"
 ETL = str(PIPELINES / "etl.yaml")
 FLAKY = str(PIPELINES / "flaky.yaml")
 APPROVAL = str(PIPELINES / "approval.yaml")
-
-
-class Cli:
-    def __init__(self, tmp_path: Path) -> None:
-        self.cwd = tmp_path
-        self.db = f"sqlite:///{tmp_path / 'cli.db'}"
-
-    def env(self, extra: dict[str, str] | None = None) -> dict[str, str]:
-        env = {
-            k: v for k, v in os.environ.items() if k not in ("DAGWERK_DEBUG", "FLAKY_STORE_DOWN")
-        }
-        env["DAGWERK_DB"] = self.db
-        env.update(extra or {})
-        return env
-
-    def __call__(
-        self, *args: str, env: dict[str, str] | None = None
-    ) -> subprocess.CompletedProcess[str]:
-        return subprocess.run(
-            [sys.executable, "-m", "dagwerk", *args],
-            cwd=self.cwd,
-            env=self.env(env),
-            capture_output=True,
-            text=True,
-            timeout=180,
-            check=False,
-        )
-
-    def json(self, *args: str) -> Any:
-        result = self(*args, "--json")
-        assert result.returncode == 0, result.stderr
-        return json.loads(result.stdout)
 
 
 @pytest.fixture

@@ -8,15 +8,12 @@ its backoff; a dead worker's expired lease and its absence show in
 from __future__ import annotations
 
 import json
-import os
 import re
 import subprocess
-import sys
 import time
 import urllib.error
 import urllib.request
 from pathlib import Path
-from typing import Any
 
 import pytest
 
@@ -25,6 +22,7 @@ from dagwerk.engine import Engine
 from dagwerk.health import HealthServer, HealthState
 from dagwerk.metrics import Metrics
 from dagwerk.pipeline_file import load_pipeline
+from dagwerk.testing.cli import DagwerkCli
 
 ROOT = Path(__file__).resolve().parents[2]
 FLAKY = str(ROOT / "examples" / "pipelines" / "flaky.yaml")
@@ -59,46 +57,9 @@ def each(inputs, ctx):
 """
 
 
-class Cli:
-    def __init__(self, tmp_path: Path) -> None:
-        self.cwd = tmp_path
-        self.db = f"sqlite:///{tmp_path / 'shared.db'}"
-
-    def env(self, extra: dict[str, str] | None = None) -> dict[str, str]:
-        env = {
-            k: v for k, v in os.environ.items() if k not in ("DAGWERK_DEBUG", "FLAKY_STORE_DOWN")
-        }
-        env["DAGWERK_DB"] = self.db
-        env.update(extra or {})
-        return env
-
-    def argv(self, *args: str) -> list[str]:
-        return [sys.executable, "-m", "dagwerk", *args]
-
-    def __call__(
-        self, *args: str, env: dict[str, str] | None = None
-    ) -> subprocess.CompletedProcess[str]:
-        return subprocess.run(
-            self.argv(*args),
-            cwd=self.cwd,
-            env=self.env(env),
-            capture_output=True,
-            text=True,
-            timeout=180,
-            check=False,
-        )
-
-    def json(self, *args: str) -> Any:
-        result = self(*args, "--json")
-        assert result.returncode == 0, result.stderr
-        return json.loads(result.stdout)
-
-    def json_failing(self, *args: str, env: dict[str, str] | None = None) -> Any:
-        result = self(*args, "--json", env=env)
-        assert result.returncode == 1, result.stderr
-        return json.loads(result.stdout)
-
+class Cli(DagwerkCli):
     def pipeline(self, name: str, *, count: int = 20, queue: str | None = None) -> str:
+        """A pipeline of its own plugins (``<name>_plugins.py``) next to the database."""
         (self.cwd / f"{name}_plugins.py").write_text(
             _PLUGINS.format(name=name, count=count), encoding="utf-8"
         )
@@ -110,7 +71,7 @@ class Cli:
 
 @pytest.fixture
 def cli(tmp_path: Path) -> Cli:
-    return Cli(tmp_path)
+    return Cli(tmp_path, "shared.db")
 
 
 def test_run_leaves_another_pipelines_queued_tasks_alone(cli: Cli) -> None:
