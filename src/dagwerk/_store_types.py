@@ -209,6 +209,38 @@ def validate_plugin_names(plugins: Collection[str] | None) -> list[str] | None:
     return sorted(set(plugins))
 
 
+@dataclass(frozen=True, slots=True)
+class WorkerPresenceRequest:
+    """A checked ``record_worker`` request: the plugins sorted without
+    repeats, the queues (``None``: every queue) and the record's lifetime."""
+
+    worker_id: str
+    plugins: tuple[str, ...]
+    queues: tuple[str, ...] | None
+    ttl_seconds: float
+
+
+def check_worker_presence(
+    worker_id: str,
+    plugins: Collection[str],
+    queues: Sequence[str] | None,
+    ttl_seconds: float,
+) -> WorkerPresenceRequest:
+    """The checks every store makes of ``record_worker``'s arguments;
+    :class:`InvalidStoreValueError` naming the field otherwise."""
+    validate_worker_id(worker_id)
+    served = validate_plugin_names(plugins)
+    if served is None:
+        raise InvalidStoreValueError(
+            "plugins must be a collection of plugin names", field="plugins"
+        )
+    names = validate_queue_names(queues)
+    ttl = validate_seconds(ttl_seconds, "ttl_seconds", positive=True)
+    return WorkerPresenceRequest(
+        worker_id, tuple(served), None if names is None else tuple(names), ttl
+    )
+
+
 def validate_run_preference(prefer_run: str | None) -> str | None:
     """``None`` or a non-empty run ID whose rows a dequeue takes first."""
     if prefer_run is not None and (not isinstance(prefer_run, str) or not prefer_run):

@@ -11,10 +11,9 @@ from dagwerk.store import (
     WORKER_RECORDS_KEPT_SECONDS,
     ExpiredLease,
     WorkerRecord,
+    check_worker_presence,
     validate_plugin_names,
     validate_queue_names,
-    validate_seconds,
-    validate_worker_id,
 )
 
 from ._base import MemoryStoreBase
@@ -41,18 +40,14 @@ class WorkersMixin(MemoryStoreBase):
         queues: Sequence[str] | None,
         ttl_seconds: float,
     ) -> None:
-        validate_worker_id(worker_id)
-        served = validate_plugin_names(plugins)
-        assert served is not None
-        names = validate_queue_names(queues)
-        ttl = validate_seconds(ttl_seconds, "ttl_seconds", positive=True)
+        request = check_worker_presence(worker_id, plugins, queues, ttl_seconds)
         with self._lock:
             now = float(self._clock())
             horizon = now - WORKER_RECORDS_KEPT_SECONDS
             for stale in [w for w, p in self._workers.items() if p.expires_at < horizon]:
                 del self._workers[stale]
             self._workers[worker_id] = _Presence(
-                tuple(served), None if names is None else tuple(names), now, now + ttl
+                request.plugins, request.queues, now, now + request.ttl_seconds
             )
 
     def retire_worker(self, worker_id: str) -> bool:

@@ -9,10 +9,8 @@ from dagwerk.store import (
     WORKER_RECORDS_KEPT_SECONDS,
     ExpiredLease,
     WorkerRecord,
-    validate_plugin_names,
+    check_worker_presence,
     validate_queue_names,
-    validate_seconds,
-    validate_worker_id,
 )
 
 from ._base import SqlStoreBase
@@ -28,10 +26,8 @@ class WorkersMixin(SqlStoreBase):
         queues: Sequence[str] | None,
         ttl_seconds: float,
     ) -> None:
-        validate_worker_id(worker_id)
-        served = validate_plugin_names(plugins)
-        names = validate_queue_names(queues)
-        ttl = validate_seconds(ttl_seconds, "ttl_seconds", positive=True)
+        request = check_worker_presence(worker_id, plugins, queues, ttl_seconds)
+        queue_names = request.queues
         with self._gw.write() as tx:
             now = self._now()
             tx.run("workers_prune", {"horizon": now - WORKER_RECORDS_KEPT_SECONDS})
@@ -39,10 +35,10 @@ class WorkersMixin(SqlStoreBase):
                 "worker_upsert",
                 {
                     "worker_id": worker_id,
-                    "plugins": json.dumps(served),
-                    "queues": None if names is None else json.dumps(names),
+                    "plugins": json.dumps(request.plugins),
+                    "queues": None if queue_names is None else json.dumps(queue_names),
                     "now": now,
-                    "expires": now + ttl,
+                    "expires": now + request.ttl_seconds,
                 },
             )
 
