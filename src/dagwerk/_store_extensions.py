@@ -6,8 +6,9 @@ Re-exported by :mod:`dagwerk.store`, which holds the seed's protocols
 (``DagStore``, ``DagWaitStore``, ``DagRetryStore``, ``OutputResolver``,
 method for method as the seed defines them); import them from there. A
 store written to the seed's protocols alone works with every seed function;
-each extension is looked up where it is used, and without it that caller
-does what the seed does.
+the extensions a store implements are looked up once per store
+(:class:`dagwerk.capabilities.StoreCapabilities`), and without one its
+caller does what the seed does.
 """
 
 from __future__ import annotations
@@ -33,10 +34,12 @@ from dagwerk.constants import (
 )
 from dagwerk.errors import DagwerkError
 from dagwerk.json import JsonValue
+from dagwerk.limits import Limits
 from dagwerk.lineage import RunLink
 from dagwerk.models import (
     DagNode,
     EmittedOutput,
+    ResolvedOutput,
 )
 
 # --- dagwerk extensions of the seed's waits and retries ----------------------
@@ -357,6 +360,48 @@ class BatchQueueStore(Protocol):
 
 
 @runtime_checkable
+class RecentOutputsStore(Protocol):
+    """Outputs this store object committed lately, kept in memory (dagwerk
+    extension; the SQL stores): a worker resolves a claimed task's inputs
+    from them without reading them again.
+
+    Without it the worker resolves inputs with ``resolve_outputs``.
+    """
+
+    def resolve_recent_outputs(
+        self, run_id: str, output_ids: tuple[str, ...]
+    ) -> Mapping[str, ResolvedOutput]:
+        """``OutputResolver.resolve_outputs`` for a task the caller has
+        claimed: the same answer, from memory where this store object itself
+        committed every one of the outputs lately, else from storage."""
+        ...
+
+
+@runtime_checkable
+class ClaimAheadStore(Protocol):
+    """Launches that claim their tasks for the claim ending the unit of work
+    (dagwerk extension; SQLite).
+
+    Without it the worker's next claim takes the launched tasks itself.
+    """
+
+    def expect_claim(
+        self,
+        worker_id: str,
+        *,
+        limit: int,
+        lease_seconds: float,
+        queues: Sequence[str] | None = None,
+        plugins: Collection[str] | None = None,
+    ) -> bool:
+        """Inside the calling thread's unit of work: the unit will end with
+        ``claim_deliveries`` with these arguments (and no run preference), so
+        its launches may claim their tasks for it. True when noted; False
+        where the store cannot (nothing changes)."""
+        ...
+
+
+@runtime_checkable
 class UnitOfWorkStore(Protocol):
     """Several store calls of one thread in one transaction (dagwerk
     extension).
@@ -412,15 +457,10 @@ class QueueStats:
 class BackstopStore(Protocol):
     """What the periodic backstop needs from a store (dagwerk extension).
 
-    Time comes from the store's clock. Each method is one transaction.
-
-    A store may also offer ``has_live_node(run_id) -> bool`` (the built-in
-    stores do): True iff some node of the run has an active launch that
-    launched tasks, no active FAILED or CRASHED task, and an active task
-    that is RUNNING, or QUEUED with a queue row for its current attempt; that
-    is, a node the stall diagnosis finds live from its tasks. The backstop
-    then skips the diagnosis, which reads every task of the run, for a run
-    that is plainly making progress.
+    Time comes from the store's clock. Each method is one transaction. A
+    store may also be a :class:`LiveNodeStore` (the built-in stores are):
+    the backstop then skips the stall diagnosis of a run that is plainly
+    making progress.
     """
 
     def try_acquire_lease(self, name: str, holder: str, seconds: float) -> bool:
@@ -471,6 +511,50 @@ class BackstopStore(Protocol):
 
     def run_status_counts(self) -> Mapping[RunStatus, int]:
         """How many runs have each status (absent: none). Read-only."""
+        ...
+
+
+@runtime_checkable
+class LiveNodeStore(Protocol):
+    """A cheap answer to "is this run making progress?" (dagwerk extension,
+    the backstop's shortcut).
+
+    Without it the backstop diagnoses every RUNNING run from all its tasks.
+    """
+
+    def has_live_node(self, run_id: str) -> bool:
+        """True iff some node of the run has an active launch that launched
+        tasks, no active FAILED or CRASHED task, and an active task that is
+        RUNNING, or QUEUED with a queue row for its current attempt; that is,
+        a node the stall diagnosis finds live from its tasks. Read-only."""
+        ...
+
+
+@runtime_checkable
+class WaitAgesStore(Protocol):
+    """How long each waiting task of a run has waited (dagwerk extension; every
+    :class:`BackstopStore` is one).
+
+    Without it the stall diagnosis counts every wait as fresh.
+    """
+
+    def wait_ages(self, run_id: str) -> Mapping[str, float]:
+        """As :meth:`BackstopStore.wait_ages`."""
+        ...
+
+
+@runtime_checkable
+class RunningTasksStore(Protocol):
+    """The idle sweep's read of one run (dagwerk extension).
+
+    Without it the sweep reads the run's deliveries and tasks in full.
+    """
+
+    def running_without_delivery(self, run_id: str) -> list[tuple[str, str]]:
+        """``(task_id, attempt_id)`` of the run's RUNNING tasks of the active
+        generation whose current attempt has no queue row, in task creation
+        order (a task with a row, leased or not, reaches its worker again by
+        redelivery). Read-only."""
         ...
 
 
@@ -605,6 +689,32 @@ class QueueForecastStore(Protocol):
         ``queues`` and of one of ``plugins`` (``None``: any), becomes
         deliverable: ``0.0`` when one is deliverable now, ``None`` when no
         such row exists. Read-only."""
+        ...
+
+
+# --- dagwerk extension: store settings and lifetime ------------------------------
+
+
+@runtime_checkable
+class LimitedStore(Protocol):
+    """A store that validates with configurable limits (dagwerk extension).
+
+    The orchestrator validates under the same limits; without it, under
+    :data:`~dagwerk.limits.DEFAULT_LIMITS`.
+    """
+
+    limits: Limits
+    """The byte and count limits the store validates runs, launches and
+    completions with."""
+
+
+@runtime_checkable
+class ClosableStore(Protocol):
+    """A store holding resources (connections, files) until closed (dagwerk
+    extension)."""
+
+    def close(self) -> None:
+        """Release the store's resources; the store is unusable afterwards."""
         ...
 
 

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import logging
 
+from dagwerk.capabilities import StoreCapabilities
 from dagwerk.constants import (
     FailurePolicy,
     RunStatus,
@@ -332,10 +333,10 @@ def settle_crashed_task(
     Returns whether the task was still a current CRASHED task of a RUNNING
     run (only then does anything happen). Safe to repeat.
     """
-    get_task = getattr(store, "get_task", None)
-    if get_task is None:
-        raise StoreContractError("settle_crashed_task needs a store with get_task")
-    record = get_task(task_id)
+    runs = StoreCapabilities.of(store).runs
+    if runs is None:
+        raise StoreContractError("settle_crashed_task needs a store with get_task (DagRunStore)")
+    record = runs.get_task(task_id)
     if record is None or record.invalidated or record.status != TaskStatus.CRASHED:
         return False
     if store.get_run_status(record.run_id) != RunStatus.RUNNING:

@@ -16,6 +16,7 @@ from dataclasses import dataclass
 
 from dagwerk._launch_checks import check_launch_result
 from dagwerk._protocols import implements
+from dagwerk.capabilities import StoreCapabilities
 from dagwerk.constants import FailurePolicy, NodeDisposition, RunStatus, TaskStatus
 from dagwerk.limits import DEFAULT_LIMITS, Limits
 from dagwerk.models import NodeLaunch, PlanningSnapshot, TaskInputPlan
@@ -79,8 +80,8 @@ class OrchestratorCallbacks:
 def limits_of(store: object, limits: Limits | None) -> Limits:
     if limits is not None:
         return limits
-    found = getattr(store, "limits", None)
-    return found if isinstance(found, Limits) else DEFAULT_LIMITS
+    found = StoreCapabilities.of(store).limits
+    return DEFAULT_LIMITS if found is None else found
 
 
 def failure_policy(store: DagStore, run_id: str) -> FailurePolicy:
@@ -98,8 +99,9 @@ def failure_policy(store: DagStore, run_id: str) -> FailurePolicy:
 
 def topology_cache(store: DagStore, limits: Limits) -> RunTopologyStore | None:
     """The store as a topology cache when it validates under the same limits."""
-    if implements(store, RunTopologyStore) and getattr(store, "limits", None) == limits:
-        return store
+    capabilities = StoreCapabilities.of(store)
+    if capabilities.limits == limits:
+        return capabilities.topology
     return None
 
 

@@ -6,8 +6,9 @@ protocols; :mod:`dagwerk.backends` ships implementations. ``DagStore``,
 method for method: a store that implements exactly those works with every
 seed function. dagwerk's additions are extension protocols of their own
 (``WaitResponseStore``, ``DelayedRetryStore``, ``NodeRerunStore``,
-``DagRunStore``, the queue, ...), each looked up where it is used; without
-one, that caller does what the seed does. Every method that
+``DagRunStore``, the queue, ...), looked up once per store
+(:class:`dagwerk.capabilities.StoreCapabilities`); without one, its caller
+does what the seed does. Every method that
 changes state runs as one transaction under the run's serialisation boundary:
 it validates everything first, then writes, so a rejected call changes
 nothing. ``try_*`` methods return ``None`` (or ``False``) when the transition
@@ -28,7 +29,9 @@ from dagwerk._store_extensions import (
     WORKER_RECORDS_KEPT_SECONDS,
     BackstopStore,
     BatchQueueStore,
+    ClaimAheadStore,
     ClaimedDelivery,
+    ClosableStore,
     CompletionOutcome,
     CompletionRequest,
     DagBudgetStore,
@@ -38,11 +41,16 @@ from dagwerk._store_extensions import (
     DelayedRetryStore,
     ExpiredLease,
     LeasedDelivery,
+    LimitedStore,
+    LiveNodeStore,
     NodeRerunStore,
     QueueForecastStore,
     QueueStats,
+    RecentOutputsStore,
+    RunningTasksStore,
     StallRecord,
     UnitOfWorkStore,
+    WaitAgesStore,
     WaitRecord,
     WaitRecordStore,
     WaitResponseStore,
@@ -100,7 +108,9 @@ __all__ = [
     "AttemptRecord",
     "BackstopStore",
     "BatchQueueStore",
+    "ClaimAheadStore",
     "ClaimedDelivery",
+    "ClosableStore",
     "CompletionOutcome",
     "CompletionRequest",
     "DagBudgetStore",
@@ -117,12 +127,15 @@ __all__ = [
     "InvalidStoreValueError",
     "LaunchProgress",
     "LeasedDelivery",
+    "LimitedStore",
+    "LiveNodeStore",
     "NodeLaunchRef",
     "NodeRerunStore",
     "OutputPublicationError",
     "OutputResolver",
     "QueueForecastStore",
     "QueueStats",
+    "RecentOutputsStore",
     "RerunRefusedError",
     "RunActivity",
     "RunActivityStore",
@@ -131,6 +144,7 @@ __all__ = [
     "RunRecord",
     "RunReopenResult",
     "RunTopologyStore",
+    "RunningTasksStore",
     "StallRecord",
     "StoreContractError",
     "TaskAttemptRef",
@@ -142,6 +156,7 @@ __all__ = [
     "TaskResumeResult",
     "TaskWaitResult",
     "UnitOfWorkStore",
+    "WaitAgesStore",
     "WaitRecord",
     "WaitRecordStore",
     "WaitResponseStore",

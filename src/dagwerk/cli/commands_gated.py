@@ -35,9 +35,7 @@ def _diagnose(engine: Engine, run_id: str) -> RunDiagnosis:
 def stalled_runs(engine: Engine, limit: int) -> list[dict[str, Any]]:
     """RUNNING runs that are stalled now (derived from durable state), with any
     stall a backstop recorded (which also covers overdue waits)."""
-    recorded = {}
-    if hasattr(engine.store, "list_stalls"):
-        recorded = {s.run_id: s for s in engine.store.list_stalls()}
+    recorded = {s.run_id: s for s in engine.list_stalls()}
     found: list[dict[str, Any]] = []
     for record in engine.list_runs(status=RunStatus.RUNNING, limit=limit):
         diagnosis = _diagnose(engine, record.run_id)
@@ -142,9 +140,10 @@ def serve(db: str, port: int, host: str, backstop_interval: float) -> None:
     with open_engine(db) as engine:
         server, (metrics, health) = start_health_server(engine, port=port, host=host, workers=[])
         backstop = None
-        if backstop_interval > 0 and hasattr(engine.store, "try_acquire_lease"):
+        backstop_store = engine.capabilities.backstop
+        if backstop_interval > 0 and backstop_store is not None:
             backstop = Backstop(
-                engine.store,
+                backstop_store,
                 interval=backstop_interval,
                 on_report=metrics.backstop_finished,
                 callbacks=metrics.callbacks(),

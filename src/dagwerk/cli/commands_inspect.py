@@ -91,7 +91,11 @@ def _run_json(record: Any) -> dict[str, Any]:
 
 
 def _attempts(engine: Engine, task: TaskRecord) -> list[dict[str, Any]] | None:
-    if not hasattr(engine.store, "list_attempts"):
+    from dagwerk.engine import UnsupportedOperationError
+
+    try:
+        attempts = engine.list_attempts(task.task_id)
+    except UnsupportedOperationError:
         return None
     return [
         {
@@ -110,7 +114,7 @@ def _attempts(engine: Engine, task: TaskRecord) -> list[dict[str, Any]] | None:
             "worker_id": a.worker_id,
             "resumed_from_wait_id": a.resumed_from_wait_id,
         }
-        for a in engine.list_attempts(task.task_id)
+        for a in attempts
     ]
 
 

@@ -20,6 +20,7 @@ from typing import Any
 
 from dagwerk._protocols import implements
 from dagwerk.budgets import Budget
+from dagwerk.capabilities import StoreCapabilities
 from dagwerk.constants import (
     RUN_TERMINAL_STATUSES,
     FailurePolicy,
@@ -46,6 +47,7 @@ from dagwerk.store import (
     DeadLetter,
     NodeRerunStore,
     RunRecord,
+    StallRecord,
     TaskRecord,
     TaskResumeResult,
     WaitRecordStore,
@@ -157,9 +159,8 @@ class Engine:
         # DagRetryStore, DagRunStore, OutputResolver, DagQueueStore); Python has
         # no intersection type, hence Any.
         self._store: Any = open_store(self.url, **store_options)
-        self._wait_records: WaitRecordStore | None = (
-            self._store if isinstance(self._store, WaitRecordStore) else None
-        )
+        self._capabilities = StoreCapabilities.of(self._store)
+        self._wait_records: WaitRecordStore | None = self._capabilities.wait_records
         self._workers: list[Worker] = []
         self._closed = False
 
@@ -170,6 +171,11 @@ class Engine:
         """The backend store; the low-level API (``claim_task(engine.store, ...)``) works on it."""
         return self._store
 
+    @property
+    def capabilities(self) -> StoreCapabilities:
+        """The optional store protocols the backend store implements."""
+        return self._capabilities
+
     def close(self) -> None:
         """Stop the workers this engine built and close the store. Idempotent."""
         if self._closed:
@@ -178,9 +184,9 @@ class Engine:
         for worker in self._workers:
             worker.stop()
         self._workers.clear()
-        close = getattr(self._store, "close", None)
-        if callable(close):
-            close()
+        closable = self._capabilities.closable
+        if closable is not None:
+            closable.close()
 
     def __enter__(self) -> Engine:
         return self
@@ -558,12 +564,11 @@ class Engine:
 
     def list_runs(self, status: RunStatus | str | None = None, limit: int = 50) -> list[RunRecord]:
         """Runs, newest first, optionally only those with ``status``."""
-        list_runs = getattr(self._store, "list_runs", None)
-        if list_runs is None:
+        runs = self._capabilities.runs
+        if runs is None:
             raise UnsupportedOperationError("this store cannot list runs yet")
         wanted = RunStatus(status) if status is not None else None
-        runs: list[RunRecord] = list_runs(status=wanted, limit=limit)
-        return runs
+        return runs.list_runs(status=wanted, limit=limit)
 
     def list_tasks(self, run_id: str, *, include_invalidated: bool = False) -> list[TaskRecord]:
         """The run's tasks in creation order (active generation unless asked)."""
@@ -574,11 +579,17 @@ class Engine:
         return tasks
 
     def list_attempts(self, task_id: str) -> list[Any]:
-        """The task's attempts, oldest first (needs a store with ``list_attempts``)."""
-        list_attempts = getattr(self._store, "list_attempts", None)
-        if list_attempts is None:
+        """The task's attempts, oldest first (needs a ``DagRunStore``)."""
+        runs = self._capabilities.runs
+        if runs is None:
             raise UnsupportedOperationError("this store cannot list attempts yet")
-        return list(list_attempts(task_id))
+        return list(runs.list_attempts(task_id))
+
+    def list_stalls(self) -> list[StallRecord]:
+        """The stalls a backstop recorded, oldest detection first (none on a
+        store that records no stalls)."""
+        backstop = self._capabilities.backstop
+        return [] if backstop is None else backstop.list_stalls()
 
     def list_dead_letters(self, run_id: str | None = None) -> list[DeadLetter]:
         """Dead letters in the order they were parked (re-injected ones included)."""

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -15,7 +15,13 @@ from dagwerk.runtime.context import TaskContext
 from dagwerk.runtime.executors import AttemptSignal
 from dagwerk.runtime.plugins import PluginSpec
 from dagwerk.runtime.retry_policy import RetryPolicy
-from dagwerk.store import DagBudgetStore, DagChildStore, LeasedDelivery, TaskRecord
+from dagwerk.store import (
+    DagBudgetStore,
+    DagChildStore,
+    LeasedDelivery,
+    RecentOutputsStore,
+    TaskRecord,
+)
 
 __all__ = ["LINKS_KEPT", "Attempt", "BatchReads", "Running"]
 
@@ -97,12 +103,15 @@ class _Prefetched:
 class _Recent:
     """An ``OutputResolver`` through a store's ``resolve_recent_outputs``."""
 
-    __slots__ = ("resolve_outputs",)
+    __slots__ = ("_store",)
 
-    def __init__(
-        self, resolve: Callable[[str, Sequence[str]], Mapping[str, ResolvedOutput]]
-    ) -> None:
-        self.resolve_outputs = resolve
+    def __init__(self, store: RecentOutputsStore) -> None:
+        self._store = store
+
+    def resolve_outputs(
+        self, run_id: str, output_ids: Sequence[str]
+    ) -> Mapping[str, ResolvedOutput]:
+        return self._store.resolve_recent_outputs(run_id, tuple(output_ids))
 
 
 class BatchReads:
@@ -122,9 +131,11 @@ class BatchReads:
         *,
         child_store: DagChildStore | None,
         budget_store: DagBudgetStore | None,
+        recent_outputs: RecentOutputsStore | None = None,
         links: dict[str, RunLink | None] | None = None,
     ) -> None:
         self._store = store
+        self._recent_outputs = recent_outputs
         self._child_store = child_store
         self._budget_store = budget_store
         self._plans = plans
@@ -155,7 +166,7 @@ class BatchReads:
         it can: a claimed task's inputs are then not read again."""
         found = self._resolvers.get(run_id)
         if found is None:
-            recent = getattr(self._store, "resolve_recent_outputs", None)
+            recent = self._recent_outputs
             own = self._store if recent is None else _Recent(recent)
             found = own
             tasks = self._plans.get(run_id, [])

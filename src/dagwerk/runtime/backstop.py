@@ -35,13 +35,13 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from dagwerk._protocols import implements
+from dagwerk.capabilities import StoreCapabilities
 from dagwerk.constants import RunStatus
 from dagwerk.errors import DagwerkError
 from dagwerk.orchestrator import OrchestratorCallbacks, reconcile_run
 from dagwerk.runtime.clock import Clock, SystemClock
 from dagwerk.stall import RunDiagnosis, diagnose_run
-from dagwerk.store import ExpiredLease, WorkerPresenceStore, WorkerRecord
+from dagwerk.store import ExpiredLease, WorkerRecord
 
 __all__ = [
     "BACKSTOP_LEASE",
@@ -134,13 +134,14 @@ def diagnose_stored_run(store: Any, run_id: str) -> RunDiagnosis | None:
     # already settled, never as a QUEUED task without a row.
     delivered = {(d.task_id, d.attempt_id) for d in store.list_deliveries(run_id)}
     ages: Mapping[str, float] = {}
-    if record.status is RunStatus.RUNNING and hasattr(store, "wait_ages"):
-        ages = store.wait_ages(run_id)
+    capabilities = StoreCapabilities.of(store)
+    if record.status is RunStatus.RUNNING and capabilities.wait_ages is not None:
+        ages = capabilities.wait_ages.wait_ages(run_id)
     workers: list[WorkerRecord] | None = None
     expired: list[ExpiredLease] = []
-    if record.status is RunStatus.RUNNING and implements(store, WorkerPresenceStore):
-        workers = store.list_workers()
-        expired = store.list_expired_leases(run_id)
+    if record.status is RunStatus.RUNNING and capabilities.presence is not None:
+        workers = capabilities.presence.list_workers()
+        expired = capabilities.presence.list_expired_leases(run_id)
     launches = store.list_node_launches(run_id)
     tasks = store.list_tasks(run_id)
     return diagnose_run(
@@ -189,6 +190,7 @@ class Backstop:
         on_report: Callable[[BackstopReport], None] | None = None,
     ) -> None:
         self.store = store
+        self._capabilities = StoreCapabilities.of(store)
         self.interval = check_backstop_interval(interval)
         self.clock = clock or SystemClock()
         self.holder = holder or f"backstop-{uuid.uuid4().hex[:12]}"
@@ -285,8 +287,9 @@ class Backstop:
 
     def _pass(self, state: _Pass) -> int:
         store = self.store
-        if implements(store, WorkerPresenceStore):
-            recorded = store.list_workers()
+        presence = self._capabilities.presence
+        if presence is not None:
+            recorded = presence.list_workers()
             # No worker ever recorded itself: nothing is known of them.
             state.live_workers = [w for w in recorded if w.live] if recorded else None
         runs = store.list_runs(status=RunStatus.RUNNING, limit=BACKSTOP_RUN_LIMIT)
@@ -363,8 +366,12 @@ class Backstop:
 
     def _check_stall(self, run_id: str, state: _Pass) -> None:
         store = self.store
-        live = getattr(store, "has_live_node", None)
-        if live is not None and self._all_served(run_id, state.live_workers) and live(run_id):
+        live = self._capabilities.live_nodes
+        if (
+            live is not None
+            and self._all_served(run_id, state.live_workers)
+            and live.has_live_node(run_id)
+        ):
             # A node can progress, so the run is not stalled: known without
             # the diagnosis, which reads every task (a pass over a run of
             # 100,000 tasks held the worker's loop for seconds).

@@ -94,6 +94,7 @@ def _run_claimed(worker: Worker, claimed: list[ClaimedDelivery]) -> None:
         plans,
         child_store=worker.child_store,
         budget_store=worker.budget_store,
+        recent_outputs=worker.capabilities.recent_outputs,
         links=worker.run_links,
     )
     leased_bound = worker.lease_bound(None)
@@ -292,15 +293,15 @@ def _complete_all(
     # a transaction per batch. The claims count only once the unit commits.
     ahead: list[ClaimedDelivery] = []
     store = worker._batch_store
+    announcer = None if store is None else worker.capabilities.claim_ahead
     expected: list[bool] = []
 
     def expect() -> None:
         # The unit's launches may then insert the tasks this claim would
         # take first as already claimed (SQLite; see sql/_ahead.py).
-        expect_claim = getattr(store, "expect_claim", None)
-        if expect_claim is not None and not worker._stopped:
+        if announcer is not None and not worker._stopped:
             expected.append(
-                expect_claim(
+                announcer.expect_claim(
                     worker.worker_id,
                     limit=worker.concurrency,
                     lease_seconds=worker.lease_bound(None),

@@ -302,8 +302,8 @@ def settle_child_wait(
 
 
 def _limits(worker: Worker) -> Limits:
-    found = getattr(worker.store, "limits", None)
-    return found if isinstance(found, Limits) else Limits()
+    found = worker.capabilities.limits
+    return Limits() if found is None else found
 
 
 def _link_for(worker: Worker, delivery: LeasedDelivery, request: ChildRequest) -> RunLink:

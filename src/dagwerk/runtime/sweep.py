@@ -29,6 +29,7 @@ from collections import deque
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from dagwerk.capabilities import StoreCapabilities
 from dagwerk.constants import RunStatus, TaskStatus
 from dagwerk.execution import recover_task
 from dagwerk.orchestrator import on_task_crashed
@@ -61,10 +62,9 @@ def _running_without_delivery(store: Any, run_id: str) -> list[tuple[str, str]]:
     no queue row; a task with one is reclaimed by its redelivery (WK-18: the
     lease is live or due). The built-in stores answer from the RUNNING rows
     alone (``running_without_delivery``); any other store is read in full."""
-    finder = getattr(store, "running_without_delivery", None)
+    finder = StoreCapabilities.of(store).running_tasks
     if finder is not None:
-        found: list[tuple[str, str]] = finder(run_id)
-        return found
+        return finder.running_without_delivery(run_id)
     rows = {(d.task_id, d.attempt_id) for d in store.list_deliveries(run_id)}
     return [
         (record.task_id, record.attempt_id)

@@ -45,6 +45,7 @@ from typing import Any
 
 from dagwerk._fifo import FifoCache
 from dagwerk.budgets import BudgetExhaustedError
+from dagwerk.capabilities import StoreCapabilities
 from dagwerk.constants import DEFAULT_BURST_HORIZON, RunStatus, TaskStatus
 from dagwerk.errors import DagwerkError
 from dagwerk.execution import claim_task, recover_task
@@ -87,7 +88,6 @@ from dagwerk.runtime.presence import Presence
 from dagwerk.runtime.retry_policy import RetryPolicy
 from dagwerk.runtime.sweep import StaleSweeper, SweepReport
 from dagwerk.store import (
-    BackstopStore,
     BatchQueueStore,
     ClaimedDelivery,
     DagBudgetStore,
@@ -98,7 +98,6 @@ from dagwerk.store import (
     QueueForecastStore,
     TaskRecord,
     WaitResponseStore,
-    WorkerPresenceStore,
 )
 from dagwerk.task_input import resolve_task_inputs
 from dagwerk.waiting import wait_task
@@ -197,36 +196,30 @@ class Worker:
         self.cancel_check_interval = cancel_check_interval or poll_interval
         self.default_timeout = default_timeout
         self.clock = clock or SystemClock()
+        # Protocol checks walk every member of the protocol; a worker asks
+        # them once here, not per delivery.
+        self.capabilities = StoreCapabilities.of(store)
+        queue = self.capabilities.queue
+        if queue is None:
+            raise DagwerkError(
+                "the worker needs a store that implements DagQueueStore", field="store"
+            )
+        self.queue: DagQueueStore = queue
         if max_deliveries is None:
-            max_deliveries = int(getattr(store, "max_deliveries", 3))
+            max_deliveries = int(queue.max_deliveries)
         self.max_deliveries = max_deliveries
         self.secret_resolver = secret_resolver
         self.worker_id = worker_id or f"worker-{uuid.uuid4().hex[:12]}"
         self.callbacks = callbacks or OrchestratorCallbacks(_noop, _noop, _noop, _noop)
-        if not isinstance(store, DagQueueStore):
-            raise DagwerkError(
-                "the worker needs a store that implements DagQueueStore", field="store"
-            )
-        self.queue: DagQueueStore = store
-        # Protocol checks walk every member of the protocol; a worker asks
-        # them once here, not per delivery.
-        self.child_store: DagChildStore | None = store if isinstance(store, DagChildStore) else None
-        self.retry_store: DelayedRetryStore | None = (
-            store if isinstance(store, DelayedRetryStore) else None
-        )
-        self.wait_responses: WaitResponseStore | None = (
-            store if isinstance(store, WaitResponseStore) else None
-        )
+        self.child_store: DagChildStore | None = self.capabilities.children
+        self.retry_store: DelayedRetryStore | None = self.capabilities.delayed_retry
+        self.wait_responses: WaitResponseStore | None = self.capabilities.wait_responses
         # Kept across batches (immutable), the most recent LINKS_KEPT runs'.
         self.run_links: dict[str, RunLink | None] = FifoCache(LINKS_KEPT)
-        self.budget_store: DagBudgetStore | None = (
-            store if isinstance(store, DagBudgetStore) else None
-        )
+        self.budget_store: DagBudgetStore | None = self.capabilities.budgets
         # A store that claims and completes several attempts per commit gets
         # the batched path (runtime/batch.py); any other the one-by-one path.
-        self._batch_store: BatchQueueStore | None = (
-            store if isinstance(store, BatchQueueStore) and batched else None
-        )
+        self._batch_store: BatchQueueStore | None = self.capabilities.batch if batched else None
         self._rng = rng or random.Random()
         # How long an idle background step waits in dequeue for new work.
         self.idle_wait = poll_interval if idle_wait is None else idle_wait
@@ -234,13 +227,12 @@ class Worker:
         # Rows of this run are leased first (``Engine.run``'s own run); a
         # preference, not a filter.
         self.prefer_run = prefer_run
-        self.forecast: QueueForecastStore | None = (
-            store if isinstance(store, QueueForecastStore) else None
-        )
+        self.forecast: QueueForecastStore | None = self.capabilities.forecast
+        presence = self.capabilities.presence
         self.presence: Presence | None = (
-            Presence(store, self.worker_id, plugins=self.served_plugins, queues=queues)
-            if isinstance(store, WorkerPresenceStore)
-            else None
+            None
+            if presence is None
+            else Presence(presence, self.worker_id, plugins=self.served_plugins, queues=queues)
         )
         self.sweeper = StaleSweeper(self)
         # Child runs and budgets: the depth limit every run's
@@ -257,9 +249,9 @@ class Worker:
         # ``backstop_interval`` seconds; ``None`` disables it).
         self.observers: list[WorkerObserver] = list(observers or ())
         self.backstop: Backstop | None = None
-        if isinstance(store, BackstopStore):
+        if self.capabilities.backstop is not None:
             self.backstop = Backstop(
-                store,
+                self.capabilities.backstop,
                 interval=backstop_interval,
                 clock=self.clock,
                 holder=self.worker_id,
@@ -658,10 +650,9 @@ class Worker:
     def _node(self, delivery: LeasedDelivery) -> DagNode | None:
         # A RunTopologyStore hands out one cached definition instead of
         # copying every node of the run per delivery.
-        one = getattr(self.store, "get_run_node", None)
-        if one is not None:
-            found: DagNode | None = one(delivery.run_id, delivery.node_index)
-            return found
+        topology = self.capabilities.topology
+        if topology is not None:
+            return topology.get_run_node(delivery.run_id, delivery.node_index)
         nodes = self.store.get_run_nodes(delivery.run_id)
         return None if nodes is None else nodes[delivery.node_index]
 

@@ -12,6 +12,7 @@ from typing import Protocol
 
 import pytest
 
+from dagwerk.capabilities import StoreCapabilities
 from dagwerk.constants import RunStatus, TaskStatus
 from dagwerk.execution import claim_task
 from dagwerk.orchestrator import cancel_run, reconcile_run
@@ -154,8 +155,6 @@ def test_gd_c06_wait_ages_count_from_when_the_wait_began(
     """GD-12 wait timeout: a wait's age is measured from the store time that
     ``try_wait_task`` committed with it, not from when anything first looked."""
     store = _store(qstore)
-    if not getattr(store, "persists_wait_start", True):
-        pytest.skip("this backend's schema does not record wait starts yet (version 5)")
     new_run(store, [root("a")])
     assert store.wait_ages("run-1") == {}
     row = _lease_one(store)
@@ -198,9 +197,10 @@ def test_gd_c08_the_live_node_probe_agrees_with_the_stall_diagnosis(
     """``has_live_node`` (the backstop's shortcut) is True exactly when the
     diagnosis finds a node RUNNING or QUEUED from its tasks."""
     store = _store(qstore)
-    probe = getattr(store, "has_live_node", None)
-    if probe is None:
+    live = StoreCapabilities.of(store).live_nodes
+    if live is None:
         pytest.skip("this store offers no live-node probe")
+    probe = live.has_live_node
 
     def check(expected: bool) -> None:
         diagnosis = diagnose_stored_run(store, "run-1")

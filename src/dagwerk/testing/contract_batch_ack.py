@@ -12,6 +12,7 @@ from typing import cast
 import pytest
 
 from dagwerk.budgets import Budget, BudgetExhaustedError, output_bytes
+from dagwerk.capabilities import StoreCapabilities
 from dagwerk.constants import RunStatus, TaskStatus
 from dagwerk.execution import recover_task
 from dagwerk.limits import Limits
@@ -360,10 +361,10 @@ def test_bq_20_batches_spanning_runs_keep_lease_and_request_order(
 
 
 def _recent_resolver(store: BatchContractStore) -> Callable[..., Mapping[str, ResolvedOutput]]:
-    recent = getattr(store, "resolve_recent_outputs", None)
+    recent = StoreCapabilities.of(store).recent_outputs
     if recent is None:
         pytest.skip("the store keeps no recently committed outputs")
-    return cast(Callable[..., Mapping[str, ResolvedOutput]], recent)
+    return cast(Callable[..., Mapping[str, ResolvedOutput]], recent.resolve_recent_outputs)
 
 
 def _texts(found: Mapping[str, ResolvedOutput]) -> list[tuple[str, object, object]]:

@@ -14,6 +14,7 @@ from typing import Any
 
 import pytest
 
+from dagwerk.backends.sql import SqlStore
 from dagwerk.budgets import (
     AdmissionStatus,
     Budget,
@@ -308,9 +309,9 @@ class _PersistenceFailed(RuntimeError):
 def _failing_statement(store: ContractStore, statement: str) -> Iterator[None]:
     """Make the SQL store's write transactions raise at ``statement``, after
     every earlier statement of the transaction (the charges) has run."""
-    gateway: Any = getattr(store, "_gw", None)
-    if gateway is None:
+    if not isinstance(store, SqlStore):
         pytest.skip("the in-memory store has no transactions to interrupt")
+    gateway: Any = store.gateway
     original = gateway.write
 
     class _Tx:

@@ -6,6 +6,7 @@ from typing import Any
 
 import pytest
 
+from dagwerk.capabilities import StoreCapabilities
 from dagwerk.constants import (
     MAX_OUTPUTS_PER_TASK_COMPLETION,
     InputMode,
@@ -14,7 +15,6 @@ from dagwerk.constants import (
 )
 from dagwerk.execution import recover_task
 from dagwerk.json import FrozenDict
-from dagwerk.limits import Limits
 from dagwerk.models import EmittedOutput
 from dagwerk.orchestrator import (
     on_task_complete,
@@ -70,12 +70,11 @@ def _oversized_batch(store: ContractStore) -> tuple[EmittedOutput, ...]:
     building the tuple costs nothing. A store configured with other limits
     exposes them as ``store.limits``.
     """
-    limits = getattr(store, "limits", None)
-    limit = (
-        limits.max_outputs_per_task_completion
-        if isinstance(limits, Limits)
-        else MAX_OUTPUTS_PER_TASK_COMPLETION
-    )
+    limits = StoreCapabilities.of(store).limits
+    if limits is None:
+        limit = MAX_OUTPUTS_PER_TASK_COMPLETION
+    else:
+        limit = limits.max_outputs_per_task_completion
     return (EmittedOutput(id="big", fields=FrozenDict()),) * (limit + 1)
 
 

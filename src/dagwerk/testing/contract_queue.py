@@ -15,6 +15,7 @@ from typing import Protocol
 
 import pytest
 
+from dagwerk.capabilities import StoreCapabilities
 from dagwerk.constants import RunStatus, TaskStatus
 from dagwerk.execution import claim_task
 from dagwerk.orchestrator import on_task_complete
@@ -342,9 +343,10 @@ def test_qu_15_running_tasks_without_a_row_are_the_sweeps_candidates(
     """``running_without_delivery`` (the idle sweep's read): RUNNING tasks
     whose current attempt has no queue row, in creation order; a leased row
     still reaches its task by redelivery, so such a task is not listed."""
-    finder = getattr(qstore, "running_without_delivery", None)
-    if finder is None:
+    running = StoreCapabilities.of(qstore).running_tasks
+    if running is None:
         pytest.skip("this store offers no such read")
+    finder = running.running_without_delivery
     new_run(qstore, [root("a"), root("b"), root("c")])
     rows = {row.task_id: row for row in _lease(qstore)}
     tasks = sorted(rows.values(), key=lambda row: row.task_id)

@@ -33,7 +33,7 @@ from psycopg.conninfo import conninfo_to_dict
 from psycopg.rows import dict_row
 
 from dagwerk.backends.errors import StoreUnavailableError
-from dagwerk.backends.sql.gateway import Params, Row, load_queries
+from dagwerk.backends.sql.gateway import Gateway, Params, Row, load_queries
 
 from ._pool import Conn, Connections, Parked, enter_pipeline, leave_pipeline, send_sync
 from ._set_writes import SET_WRITES_PATH, SetWrite, load_set_writes
@@ -472,7 +472,7 @@ def _checked(statement: Statement, row: Params) -> Params:
     return row
 
 
-class PostgresGateway:
+class PostgresGateway(Gateway):
     """A connection pool per process; each transaction borrows one connection.
 
     ``schema`` (validated by the caller) becomes each connection's

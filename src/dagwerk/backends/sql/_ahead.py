@@ -75,9 +75,8 @@ class ClaimAheadMixin(SqlStoreBase):
         writer (SQLite): the unit will end with ``claim_deliveries`` with
         these arguments (and no run preference), so its launches may claim
         their tasks for it. True when noted; False elsewhere (nothing changes)."""
-        serial_of = getattr(self._gw, "unit_serial", None)
-        serial = None if serial_of is None else serial_of()
-        if serial is None or not getattr(self._gw, "serialises_writers", False):
+        serial = self._gw.unit_serial()
+        if serial is None or not self._gw.serialises_writers:
             return False
         lease, names, _ = validate_claim(worker_id, limit, lease_seconds, queues, 0.0)
         if names == []:
@@ -101,8 +100,7 @@ class ClaimAheadMixin(SqlStoreBase):
         intent = self._claim_intents.get(threading.get_ident())
         if intent is None:
             return None
-        serial_of = getattr(self._gw, "unit_serial", None)
-        if serial_of is None or serial_of() != intent.serial:
+        if self._gw.unit_serial() != intent.serial:
             return None
         return intent
 

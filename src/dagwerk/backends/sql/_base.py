@@ -165,6 +165,11 @@ class SqlStoreBase:
         # Outputs this store committed lately, for its worker's next tasks.
         self._recent_outputs = RecentOutputs()
 
+    @property
+    def gateway(self) -> Gateway:
+        """The gateway this store runs its transactions on."""
+        return self._gw
+
     # -- identities and time --------------------------------------------------
 
     def _new_id(self) -> str:
@@ -184,19 +189,13 @@ class SqlStoreBase:
     def _read_one(self, name: str, params: dict[str, object]) -> Row | None:
         """The first row of one query in a read transaction of its own (on
         SQLite without ``BEGIN``/``COMMIT``, see ``SqliteGateway.read_one``)."""
-        single = getattr(self._gw, "read_one", None)
-        if single is not None:
-            row: Row | None = single(name, params)
-            return row
-        with self._gw.read() as tx:
-            return tx.one(name, params)
+        return self._gw.read_one(name, params)
 
     def _after_commit(self, action: Callable[[], object]) -> None:
         """Run ``action`` once what this thread has written so far is
         committed: at once, unless a unit of work of the gateway holds the
         writes (then at its commit, and never if it rolls back)."""
-        defer = getattr(self._gw, "after_commit", None)
-        if defer is None or not defer(action):
+        if not self._gw.after_commit(action):
             action()
 
     def _frontier_now(self, run_id: str) -> FreshFrontier | None:
@@ -231,8 +230,7 @@ class SqlStoreBase:
 
     def _write_mark(self) -> object:
         """The gateway's write mark (SQLite's units of work), else ``None``."""
-        mark = getattr(self._gw, "write_mark", None)
-        return None if mark is None else mark()
+        return self._gw.write_mark()
 
     # -- run definition ---------------------------------------------------------
 

@@ -51,11 +51,10 @@ _LOG = logging.getLogger("dagwerk.backends.sql")
 
 class BatchMixin(TasksMixin, QueueMixin, ClaimAheadMixin):
     def _one_writer(self) -> bool:
-        return bool(getattr(self._gw, "serialises_writers", False))
+        return self._gw.serialises_writers
 
     def _undoes_a_failed_write(self) -> bool:
-        undoes = getattr(self._gw, "undoes_a_failed_write", None)
-        return True if undoes is None else bool(undoes())
+        return self._gw.undoes_a_failed_write()
 
     def claim_deliveries(
         self,

@@ -18,9 +18,7 @@ def _check_name(value: object, name: str) -> str:
 
 
 class GatedMixin(SqlStoreBase):
-    # Wait ages count from dagwerk_waits.waited_at (schema version 5).
-    persists_wait_start = True
-
+    # Wait ages count from dagwerk_waits.waited_at.
     def try_acquire_lease(self, name: str, holder: str, seconds: float) -> bool:
         _check_name(name, "name")
         _check_name(holder, "holder")

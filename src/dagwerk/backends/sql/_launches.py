@@ -299,7 +299,7 @@ class LaunchesMixin(ClaimAheadMixin):
             queue, priority = self._route(tx, run_id, node_index)
             # Where writes are sent without waiting (PostgreSQL), the rows go
             # in slices: the server inserts one while the next is built.
-            step = _SLICE if getattr(self._gw, "pipelines_writes", False) else len(plans)
+            step = _SLICE if self._gw.pipelines_writes else len(plans)
             for start in range(0, len(plans), step):
                 part = [
                     {

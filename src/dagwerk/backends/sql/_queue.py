@@ -81,21 +81,16 @@ class QueueMixin(SqlStoreBase):
         wanted = RowFilter.of(names, plugins, prefer_run)
         deadline = time.monotonic() + patience
         # A gateway that can be notified (``work_epoch``/``wait_for_work``)
-        # wakes at once on a local enqueue; the fallback is a short poll.
-        epoch_of = getattr(self._gw, "work_epoch", None)
-        waiter = getattr(self._gw, "wait_for_work", None)
+        # wakes at once on a local enqueue; the default is a short poll.
         while True:
-            epoch = epoch_of() if epoch_of is not None else None
+            epoch = self._gw.work_epoch()
             leased = self._lease(
                 worker_id, limit, lease, wanted, claims, record_worker=record_worker
             )
             remaining = deadline - time.monotonic()
             if leased or remaining <= 0:
                 return leased
-            if waiter is not None:
-                waiter(remaining, epoch)
-            else:
-                time.sleep(min(remaining, 0.05))
+            self._gw.wait_for_work(remaining, epoch)
 
     def _claim_many(
         self,
@@ -129,8 +124,8 @@ class QueueMixin(SqlStoreBase):
         # of that run holds the run row while it deletes queue rows. Taking
         # the run row while holding queue rows could deadlock with it.
         spent: dict[str, Row] = {}
-        serialised = getattr(self._gw, "serialises_writers", False)
-        if claims is None and not record_worker and getattr(self._gw, "pipelines_writes", False):
+        serialised = self._gw.serialises_writers
+        if claims is None and not record_worker and self._gw.pipelines_writes:
             flown = self._lease_in_flights(worker_id, limit, lease, wanted, spent)
             self._bury_all(spent, flown)
             return flown

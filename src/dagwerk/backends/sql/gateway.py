@@ -9,12 +9,16 @@ database keeps its own spelling of the same operations.
 from __future__ import annotations
 
 import re
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+import time
+from collections.abc import Callable, Hashable, Iterable, Iterator, Mapping, Sequence
 from contextlib import AbstractContextManager
 from pathlib import Path
 from typing import Any, Protocol
 
 __all__ = ["Gateway", "Row", "Tx", "load_queries"]
+
+_POLL_SECONDS = 0.05
+"""How long :meth:`Gateway.wait_for_work` sleeps without notifications."""
 
 _NAME = re.compile(r"^--\s*name:\s*([a-z_][a-z0-9_]*)\s*$", re.MULTILINE)
 
@@ -82,11 +86,66 @@ class Gateway(Protocol):
     lock), commits on success and rolls back on any exception; ``read()``
     opens a consistent read-only snapshot. Both translate driver errors into
     :mod:`dagwerk.backends.errors`.
+
+    Every other member has a default that fits a backend without units of
+    work or wake-ups; a gateway subclasses this protocol to inherit the
+    defaults and overrides the hooks its database does better.
     """
+
+    serialises_writers: bool = False
+    """One database-wide write lock: a transaction never waits on row locks, so
+    a batch of several runs' transitions cannot deadlock (see sql/_batch.py)."""
+
+    pipelines_writes: bool = False
+    """``send`` and ``many`` return before the server has run the statement
+    (an error comes back at the next wait, at the latest the commit)."""
 
     def write(self) -> AbstractContextManager[Tx]: ...
 
     def read(self) -> AbstractContextManager[Tx]: ...
+
+    def read_one(self, name: str, params: Params | None = None) -> Row | None:
+        """The first row of one query in a read transaction of its own."""
+        with self.read() as tx:
+            return tx.one(name, params)
+
+    def after_commit(self, action: Callable[[], object]) -> bool:
+        """Inside the calling thread's unit of work, once its transaction has
+        begun: run ``action`` after the unit commits (never if it rolls back)
+        and answer True. Elsewhere False: the caller's writes have committed.
+        Without units of work: always False."""
+        return False
+
+    def write_mark(self) -> Hashable | None:
+        """Inside the calling thread's unit of work, once its write
+        transaction has begun: a mark that a later call returns again only
+        while no write of the unit has ended in between. ``None`` elsewhere
+        (always, without units of work)."""
+        return None
+
+    def unit_serial(self) -> int | None:
+        """Inside the calling thread's unit of work: a number no other unit of
+        this gateway has had. ``None`` elsewhere (always, without units of work)."""
+        return None
+
+    def undoes_a_failed_write(self) -> bool:
+        """Whether a write of the calling thread that raises now would be
+        undone alone (True without all-or-nothing units of work)."""
+        return True
+
+    def work_epoch(self) -> int | None:
+        """A count of waking commits to pass to :meth:`wait_for_work`;
+        ``None`` where the wait needs none."""
+        return None
+
+    def wait_for_work(self, timeout: float, since: int | None = None) -> bool | None:
+        """Block until queue work may have become available (after epoch
+        ``since``), at most ``timeout`` seconds; True if a notification woke
+        it, where the backend can tell. Without notifications: a short poll
+        interval (at most 50 ms)."""
+        del since
+        time.sleep(min(max(timeout, 0.0), _POLL_SECONDS))
+        return None
 
 
 def iter_names(queries: Mapping[str, str]) -> Iterator[str]:

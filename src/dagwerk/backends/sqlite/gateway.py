@@ -28,7 +28,7 @@ from dagwerk.backends.errors import (
     StoreReadOnlyError,
     StoreUnavailableError,
 )
-from dagwerk.backends.sql.gateway import Params, Row, load_queries
+from dagwerk.backends.sql.gateway import Gateway, Params, Row, load_queries
 from dagwerk.backends.sqlite import _wake
 from dagwerk.backends.sqlite._checkpoint import Checkpointer
 from dagwerk.backends.sqlite._writer_queue import WriterQueue
@@ -158,7 +158,7 @@ _SYNCHRONOUS_PRAGMAS = {
 }
 
 
-class SqliteGateway:
+class SqliteGateway(Gateway):
     """One connection per process, shared by threads under a lock.
 
     SQLite admits one writer at a time anyway, so a per-thread connection
