@@ -164,7 +164,9 @@ class QueueMixin(SqlStoreBase):
                     record_worker=record_worker and claims is None,
                 )
             if claims is not None and leased:
-                claims.extend(self._claim_many(tx, leased, worker_id=worker_id, fresh=inserted))
+                claims.extend(
+                    self._claim_many(tx, leased, worker_id=worker_id, fresh=inserted, now=now)
+                )
         self._bury_all(spent, leased)
         return leased
 
@@ -362,6 +364,7 @@ class QueueMixin(SqlStoreBase):
                 "task_id": row["task_id"],
                 "attempt_id": row["attempt_id"],
                 "error": f"dead-lettered: {reason}",
+                "now": self._now(),
             },
         )
         self._bump(tx, task["run_id"], task["node_index"])
