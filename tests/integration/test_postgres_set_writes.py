@@ -950,8 +950,7 @@ def test_set_forms_do_work_linear_in_rows_and_table_whatever_the_statistics(
             for i in keys
         ],
         "task_complete": [
-            {"task_id": f"t{i}", "attempt_id": "a", "launch_complete": 0, "now": 3.0}
-            for i in keys
+            {"task_id": f"t{i}", "attempt_id": "a", "launch_complete": 0, "now": 3.0} for i in keys
         ],
         "queue_lease": [{"delivery_id": f"d{i}", "worker_id": "w", "expires": 2.0} for i in keys],
         "queue_ack": [{"delivery_id": f"d{i}", "worker_id": "w"} for i in keys],

@@ -104,6 +104,7 @@ class QueueMixin(SqlStoreBase):
         *,
         worker_id: str | None = None,
         fresh: Mapping[str, Mapping[str, object]] | None = None,
+        now: float | None = None,
     ) -> list[Row | None]:
         """Claim the leased rows' attempts in ``tx`` (implemented by the batch mixin)."""
         raise NotImplementedError
