@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import sqlite3
 from pathlib import Path
 from typing import Any
 
@@ -179,3 +180,23 @@ def test_worker_burst_says_what_it_did_in_words(url: str, tmp_path: Path) -> Non
     assert worked.stderr.strip().endswith(
         ": no work left after 1 task attempt (retries and resumes count as attempts)"
     )
+
+
+def test_tasks_stored_before_attempt_times_show_none(url: str, tmp_path: Path) -> None:
+    """A database of schema version 8 (no attempt times) upgrades with NULL
+    times for the attempts it holds; show prints ``-`` and ``null`` for them."""
+    run_id = _waiting_run(url, tmp_path)
+    conn = sqlite3.connect(tmp_path / "show.db")
+    with conn:  # back to version 8: the columns of version 9 dropped
+        for table in ("dagwerk_tasks", "dagwerk_attempts"):
+            for column in ("started_at", "finished_at"):
+                conn.execute(f"ALTER TABLE {table} DROP COLUMN {column}")
+        conn.execute("DELETE FROM dagwerk_schema_version WHERE version = 9")
+    conn.close()
+    shown = _show_json(url, run_id)  # opening the store migrates to version 9
+    for task in shown["tasks"]:
+        assert (task["started_at"], task["finished_at"]) == (None, None)
+        assert [(a["started_at"], a["finished_at"]) for a in task["attempts"]] == [(None, None)]
+    rows = _show(url, run_id, "--tasks").splitlines()[3:]
+    assert len(rows) == 4
+    assert all(row.split()[4:6] == ["-", "-"] for row in rows)
