@@ -527,6 +527,12 @@ class TaskRecord:
     attempt_number: int = 1
     """1 for the first attempt; +1 for each replacement (retry, recovery,
     resume, re-injection)."""
+    started_at: float | None = None
+    """Store time (epoch seconds) the current attempt was claimed; ``None``
+    until it is."""
+    finished_at: float | None = None
+    """Store time the current attempt settled (completed, failed, crashed,
+    cancelled or waiting); ``None`` while it is queued or running."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -537,6 +543,10 @@ class AttemptRecord:
     attempt was replaced, the task's terminal status for a current attempt
     that finished, and ``None`` while the current attempt is unfinished.
     ``worker_id`` is the worker that last leased a delivery of the attempt.
+    ``started_at`` is the store time (epoch seconds) the attempt was claimed
+    (``None``: never claimed); ``finished_at`` the time it settled, or was
+    replaced unfinished (``None`` while it is queued or running). Attempts
+    stored by a version without these times have ``None`` for both.
     """
 
     attempt_id: str
@@ -545,3 +555,5 @@ class AttemptRecord:
     error: str | None
     worker_id: str | None
     resumed_from_wait_id: str | None
+    started_at: float | None = None
+    finished_at: float | None = None

@@ -632,6 +632,7 @@ def test_rows_that_share_a_key_run_per_row_in_order(
                         "old": old,
                         "new": new,
                         "error": None,
+                        "now": 3.0,
                     }
                     for old, new in (("queued", "running"), ("running", "failed"))
                 ],
@@ -929,6 +930,7 @@ def test_set_forms_do_work_linear_in_rows_and_table_whatever_the_statistics(
                 "attempt_id": "a",
                 "new": "running",
                 "error": None,
+                "now": 3.0,
             }
             for i in keys
         ],
@@ -943,11 +945,12 @@ def test_set_forms_do_work_linear_in_rows_and_table_whatever_the_statistics(
                 "new": "running",
                 "error": None,
                 "worker_id": "w",
+                "now": 3.0,
             }
             for i in keys
         ],
         "task_complete": [
-            {"task_id": f"t{i}", "attempt_id": "a", "launch_complete": 0} for i in keys
+            {"task_id": f"t{i}", "attempt_id": "a", "launch_complete": 0, "now": 3.0} for i in keys
         ],
         "queue_lease": [{"delivery_id": f"d{i}", "worker_id": "w", "expires": 2.0} for i in keys],
         "queue_ack": [{"delivery_id": f"d{i}", "worker_id": "w"} for i in keys],
@@ -1045,6 +1048,7 @@ def test_any_batch_writes_what_per_row_statements_write(
             "new": new,
             "attempt_id": task.attempt_id if current else "other",
             "error": error,
+            "now": 3.0,
         }
         for known, old, new, current, error in statuses
     ]

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import sqlite3
 from pathlib import Path
 from typing import Any
 
@@ -14,6 +15,7 @@ from dagwerk.cli import cli
 from dagwerk.constants import InputMode
 from dagwerk.engine import Engine
 from dagwerk.models import DagNode, InputEdge
+from dagwerk.testing.contract_queue import FakeClock
 
 WAITING = [
     DagNode(slug="draft", plugin="show_draft"),
@@ -110,6 +112,52 @@ def test_show_summarises_per_node_and_lists_tasks_only_when_asked(
     assert unknown.exit_code == 2 and "has no node 'nope'" in unknown.stderr
 
 
+def test_show_tasks_prints_when_each_task_started_and_how_long_it_took(
+    url: str, tmp_path: Path
+) -> None:
+    clock = FakeClock(1_700_000_000.0)  # 2023-11-14 22:13:20 UTC
+    with Engine(url, execution_root=tmp_path, clock=clock) as engine:
+
+        @engine.plugin("timed_fetch")
+        def fetch(inputs: TaskInputs, ctx: TaskContext) -> dict[str, object]:
+            clock.advance(0.04)
+            return {"page": 1}
+
+        @engine.plugin("timed_store")
+        def store(inputs: TaskInputs, ctx: TaskContext) -> dict[str, object]:
+            clock.advance(65.0)
+            return {"stored": True}
+
+        run_id = engine.submit(
+            [
+                DagNode(slug="fetch", plugin="timed_fetch"),
+                DagNode(
+                    slug="store",
+                    plugin="timed_store",
+                    input_mode=InputMode.ALL,
+                    edges=(InputEdge(name="pages", source="fetch"),),
+                ),
+            ]
+        )
+        engine.worker(concurrency=1).run_until_idle()
+    listed = _show(url, run_id, "--tasks").splitlines()
+    assert listed[2].split()[4:] == ["started", "took", "error", "/", "wait"]
+    rows = {line.split()[1]: line.split() for line in listed[3:]}
+    assert rows["fetch"][2:7] == ["completed", "1", "2023-11-14", "22:13:20", "40ms"]
+    assert rows["store"][2:7] == ["completed", "1", "2023-11-14", "22:13:20", "1m05s"]
+
+    times = {
+        task["node"]: (task["started_at"], task["finished_at"], task["attempts"])
+        for task in _show_json(url, run_id)["tasks"]
+    }
+    started, finished, (attempt,) = times["store"]
+    assert (started, finished) == pytest.approx((1_700_000_000.04, 1_700_000_065.04))
+    assert (attempt["started_at"], attempt["finished_at"]) == (started, finished)
+    started, finished, (attempt,) = times["fetch"]
+    assert (started, finished) == pytest.approx((1_700_000_000.0, 1_700_000_000.04))
+    assert (attempt["started_at"], attempt["finished_at"]) == (started, finished)
+
+
 def test_worker_burst_says_what_it_did_in_words(url: str, tmp_path: Path) -> None:
     plugins = tmp_path / "burst_words_plugins.py"
     plugins.write_text(
@@ -132,3 +180,23 @@ def test_worker_burst_says_what_it_did_in_words(url: str, tmp_path: Path) -> Non
     assert worked.stderr.strip().endswith(
         ": no work left after 1 task attempt (retries and resumes count as attempts)"
     )
+
+
+def test_tasks_stored_before_attempt_times_show_none(url: str, tmp_path: Path) -> None:
+    """A database of schema version 8 (no attempt times) upgrades with NULL
+    times for the attempts it holds; show prints ``-`` and ``null`` for them."""
+    run_id = _waiting_run(url, tmp_path)
+    conn = sqlite3.connect(tmp_path / "show.db")
+    with conn:  # back to version 8: the columns of version 9 dropped
+        for table in ("dagwerk_tasks", "dagwerk_attempts"):
+            for column in ("started_at", "finished_at"):
+                conn.execute(f"ALTER TABLE {table} DROP COLUMN {column}")
+        conn.execute("DELETE FROM dagwerk_schema_version WHERE version = 9")
+    conn.close()
+    shown = _show_json(url, run_id)  # opening the store migrates to version 9
+    for task in shown["tasks"]:
+        assert (task["started_at"], task["finished_at"]) == (None, None)
+        assert [(a["started_at"], a["finished_at"]) for a in task["attempts"]] == [(None, None)]
+    rows = _show(url, run_id, "--tasks").splitlines()[3:]
+    assert len(rows) == 4
+    assert all(row.split()[4:6] == ["-", "-"] for row in rows)

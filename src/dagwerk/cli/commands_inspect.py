@@ -113,6 +113,8 @@ def _attempts(engine: Engine, task: TaskRecord) -> list[dict[str, Any]] | None:
             "error": a.error,
             "worker_id": a.worker_id,
             "resumed_from_wait_id": a.resumed_from_wait_id,
+            "started_at": a.started_at,
+            "finished_at": a.finished_at,
         }
         for a in attempts
     ]
@@ -160,6 +162,8 @@ def describe_run(engine: Engine, run_id: str) -> dict[str, Any]:
                 "error": task.error,
                 "waiting_on": task.active_wait_id,
                 "resumed_from_wait_id": task.resumed_from_wait_id,
+                "started_at": task.started_at,
+                "finished_at": task.finished_at,
                 "attempts": _attempts(engine, task),
             }
         )
@@ -193,6 +197,8 @@ MAX_LISTED = 10
 def _duration(seconds: float | None) -> str:
     if seconds is None:
         return "-"
+    if seconds < 0.1:
+        return f"{seconds * 1000:.0f}ms"
     if seconds < 60:
         return f"{seconds:.1f}s"
     minutes, rest = divmod(int(seconds), 60)
@@ -251,8 +257,9 @@ def show(
     """Show a run: its nodes with their task counts, waits, failures and dead letters.
 
     The summary has one line per node; --tasks lists the tasks (filtered with
-    --node and --status), each with its attempt, error or wait. --json
-    prints everything (all tasks unless filtered).
+    --node and --status), each with its attempt, when that attempt started
+    (UTC) and how long it took, and its error or wait. --json prints
+    everything (all tasks unless filtered; times as epoch seconds).
 
     \b
     Examples:
@@ -297,16 +304,24 @@ def show(
     _print_summary(described, db)
 
 
+def _took(task: dict[str, Any]) -> str:
+    """How long the task's current attempt ran, once it settled."""
+    started, finished = task["started_at"], task["finished_at"]
+    return "-" if started is None or finished is None else _duration(finished - started)
+
+
 def _print_tasks(tasks: list[dict[str, Any]]) -> None:
     render_table(
         "tasks",
-        ("task", "node", "status", "attempt", "error / wait"),
+        ("task", "node", "status", "attempt", "started", "took", "error / wait"),
         [
             (
                 t["task_id"],
                 t["node"],
                 t["status"],
                 t["attempt"] if t["attempt"] is not None else t["attempt_id"],
+                format_time(t["started_at"]),
+                _took(t),
                 t["error"] or (f"waiting on {t['waiting_on']}" if t["waiting_on"] else None),
             )
             for t in tasks

@@ -46,6 +46,7 @@ __all__ = [
     "test_at_12_node_queue_and_priority_route_deliveries",
     "test_at_13_dequeue_waits_and_wakes_on_enqueue",
     "test_at_14_a_run_records_its_pipeline_name",
+    "test_at_15_attempts_record_when_they_started_and_settled",
 ]
 
 
@@ -438,3 +439,116 @@ def test_at_14_a_run_records_its_pipeline_name(qstore: QueueContractStore) -> No
         with pytest.raises(InvalidStoreValueError):
             qstore.create_run("run-bad", [root("a")], pipeline=bad)  # type: ignore[arg-type]
     assert qstore.get_run("run-bad") is None
+
+
+def _times(store: QueueContractStore, task_id: str) -> list[tuple[float | None, float | None]]:
+    return [(a.started_at, a.finished_at) for a in store.list_attempts(task_id)]
+
+
+def test_at_15_attempts_record_when_they_started_and_settled(
+    qstore: QueueContractStore, queue_clock: FakeClock
+) -> None:
+    """An attempt's ``started_at`` is the store time of its claim and its
+    ``finished_at`` the time it settled; each attempt keeps its own across a
+    retry, and the task's record shows its current attempt's."""
+    new_run(qstore, [root("a"), root("b"), root("c"), root("d"), root("e")])
+    ids = {slug: only_task(qstore, "run-1", index).task_id for index, slug in enumerate("abcde")}
+    for task_id in ids.values():
+        record = task(qstore, task_id)
+        assert (record.started_at, record.finished_at) == (None, None)
+        assert _times(qstore, task_id) == [(None, None)]
+    rows = {row.task_id: row for row in _lease(qstore)}
+    assert set(rows) == set(ids.values())
+
+    def claim(slug: str) -> None:
+        row = rows[ids[slug]]
+        assert claim_task(
+            qstore, row.task_id, expected_attempt_id=row.attempt_id, expected_generation=0
+        )
+
+    queue_clock.advance(10.0)  # 1010: a's first attempt starts
+    claim("a")
+    record = task(qstore, ids["a"])
+    assert (record.started_at, record.finished_at) == (1010.0, None)
+    assert _times(qstore, ids["a"]) == [(1010.0, None)]
+    queue_clock.advance(5.0)  # 1015: it fails and a retry is reserved
+    first = rows[ids["a"]].attempt_id
+    retry = qstore.try_fail_task_with_retry(
+        ids["a"], "flaky", expected_attempt_id=first, available_at=queue_clock.now
+    )
+    assert retry is not None
+    record = task(qstore, ids["a"])
+    assert (record.started_at, record.finished_at) == (None, None)
+    assert _times(qstore, ids["a"]) == [(1010.0, 1015.0), (None, None)]
+
+    queue_clock.advance(1.0)  # 1016: b starts, and waits at 1017
+    claim("b")
+    queue_clock.advance(1.0)
+    assert wait_task(
+        qstore,
+        ids["b"],
+        "approve",
+        expected_attempt_id=rows[ids["b"]].attempt_id,
+        expected_generation=0,
+    )
+    record = task(qstore, ids["b"])
+    assert (record.status, record.started_at, record.finished_at) == (
+        TaskStatus.WAITING,
+        1016.0,
+        1017.0,
+    )
+
+    queue_clock.advance(1.0)  # 1018: d starts, and crashes at 1019
+    claim("d")
+    queue_clock.advance(1.0)
+    assert qstore.mark_task_crashed(
+        ids["d"], "worker died", expected_attempt_id=rows[ids["d"]].attempt_id
+    )
+    assert _times(qstore, ids["d"]) == [(1018.0, 1019.0)]
+
+    claim("e")  # 1019: e starts; its worker is lost and it is recovered at 1019.5
+    queue_clock.advance(0.5)
+    assert qstore.try_recover_task(
+        ids["e"], expected_attempt_id=rows[ids["e"]].attempt_id, expected_generation=0
+    )
+    assert _times(qstore, ids["e"]) == [(1019.0, 1019.5), (None, None)]
+    qstore.ack(rows[ids["e"]].delivery_id, "w1")
+
+    queue_clock.advance(0.5)  # 1020: a's second attempt starts, completes at 1022
+    again = {row.task_id: row for row in _lease(qstore)}[ids["a"]]
+    assert again.attempt_id == retry
+    assert claim_task(qstore, ids["a"], expected_attempt_id=retry, expected_generation=0)
+    queue_clock.advance(2.0)
+    assert qstore.try_complete_task(ids["a"], (), expected_attempt_id=retry) is not None
+    record = task(qstore, ids["a"])
+    assert (record.status, record.started_at, record.finished_at) == (
+        TaskStatus.COMPLETED,
+        1020.0,
+        1022.0,
+    )
+    attempts = qstore.list_attempts(ids["a"])
+    assert [(a.attempt_id, a.status) for a in attempts] == [
+        (first, TaskStatus.FAILED),
+        (retry, TaskStatus.COMPLETED),
+    ]
+    assert _times(qstore, ids["a"]) == [(1010.0, 1015.0), (1020.0, 1022.0)]
+
+    queue_clock.advance(8.0)  # 1030: cancelling the run settles c, never started
+    assert qstore.try_cancel_run("run-1")
+    record = task(qstore, ids["c"])
+    assert (record.status, record.started_at, record.finished_at) == (
+        TaskStatus.CANCELLED,
+        None,
+        1030.0,
+    )
+    # A waiting attempt had settled already: cancelling keeps its time.
+    record = task(qstore, ids["b"])
+    assert (record.status, record.started_at, record.finished_at) == (
+        TaskStatus.CANCELLED,
+        1016.0,
+        1017.0,
+    )
+    # Finished tasks keep theirs; the recovered attempt's replacement never ran.
+    assert _times(qstore, ids["a"]) == [(1010.0, 1015.0), (1020.0, 1022.0)]
+    assert _times(qstore, ids["d"]) == [(1018.0, 1019.0)]
+    assert _times(qstore, ids["e"]) == [(1019.0, 1019.5), (None, 1030.0)]

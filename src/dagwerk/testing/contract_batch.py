@@ -162,9 +162,12 @@ def test_bq_01_claim_deliveries_leases_and_claims_up_to_limit(
         assert row.lease_expires_at == bq_clock.now + 30.0
         claimed = claimed_task(entry)
         # The record is the task as the claim left it: RUNNING under the
-        # row's attempt, nothing but the status changed (FN-01).
+        # row's attempt, started at the store's time, nothing else changed
+        # (FN-01).
         assert claimed == task(store, row.task_id)
-        assert claimed == replace(before[row.task_id], status=TaskStatus.RUNNING)
+        assert claimed == replace(
+            before[row.task_id], status=TaskStatus.RUNNING, started_at=bq_clock.now
+        )
         assert (claimed.attempt_id, claimed.generation) == (row.attempt_id, row.generation)
         assert store.list_attempts(row.task_id)[-1].worker_id == "w1"
     second = claim_batch(store, "w2", limit=5)

@@ -35,6 +35,16 @@ _UNFINISHED = frozenset(
     {TaskStatus.PENDING, TaskStatus.QUEUED, TaskStatus.RUNNING, TaskStatus.WAITING}
 )
 _FAILURES = frozenset({TaskStatus.FAILED, TaskStatus.CRASHED})
+# Statuses that settle the current attempt: its finished_at is set on entry.
+_SETTLED = frozenset(
+    {
+        TaskStatus.COMPLETED,
+        TaskStatus.FAILED,
+        TaskStatus.CRASHED,
+        TaskStatus.CANCELLED,
+        TaskStatus.WAITING,
+    }
+)
 
 
 class MemoryStoreBase:
@@ -137,6 +147,12 @@ class MemoryStoreBase:
         old = task.status
         check_task_transition(old, new)
         task.status = new
+        if new is TaskStatus.RUNNING:
+            task.started_at = float(self._clock())
+            task.finished_at = None
+        elif new in _SETTLED and task.finished_at is None:
+            # A WAITING attempt that is cancelled keeps the time it settled.
+            task.finished_at = float(self._clock())
         if not task.invalidated:
             run.counts[old] -= 1
             run.counts[new] += 1
@@ -202,8 +218,15 @@ class MemoryStoreBase:
                 error=error if error is not None else task.error,
                 worker_id=task.worker_id,
                 resumed_from_wait_id=task.resumed_from_wait_id,
+                started_at=task.started_at,
+                # An unfinished attempt ends as it is replaced.
+                finished_at=(
+                    task.finished_at if task.finished_at is not None else float(self._clock())
+                ),
             )
         )
+        task.started_at = None
+        task.finished_at = None
         if resumed_from is not None:
             task.resumed_from_wait_id = resumed_from
         task.attempt_id = self._new_attempt_id()

@@ -46,6 +46,8 @@ def _record(task: TaskState) -> TaskRecord:
         active_wait_id=task.active_wait_id,
         invalidated=task.invalidated,
         attempt_number=task.attempt_number,
+        started_at=task.started_at,
+        finished_at=task.finished_at,
     )
 
 
@@ -63,6 +65,8 @@ def current_attempt(task: TaskState) -> AttemptRecord:
         error=task.error,
         worker_id=task.worker_id,
         resumed_from_wait_id=task.resumed_from_wait_id,
+        started_at=task.started_at,
+        finished_at=task.finished_at,
     )
 
 

@@ -75,7 +75,10 @@ CREATE TABLE dagwerk_tasks (
     failure_status TEXT,
     attempt_number BIGINT NOT NULL DEFAULT 1,
     worker_id TEXT,
-    lost_deliveries BIGINT NOT NULL DEFAULT 0
+    lost_deliveries BIGINT NOT NULL DEFAULT 0,
+    -- version 9: when the current attempt started (claimed) and settled.
+    started_at DOUBLE PRECISION,
+    finished_at DOUBLE PRECISION
 );
 CREATE INDEX dagwerk_tasks_run ON dagwerk_tasks (run_id, invalidated, status);
 CREATE INDEX dagwerk_tasks_launch ON dagwerk_tasks (launch_id, seq);
@@ -88,7 +91,10 @@ CREATE TABLE dagwerk_attempts (
     status TEXT NOT NULL,
     error TEXT,
     worker_id TEXT,
-    resumed_from_wait_id TEXT
+    resumed_from_wait_id TEXT,
+    -- version 9: when the attempt started (claimed) and settled.
+    started_at DOUBLE PRECISION,
+    finished_at DOUBLE PRECISION
 );
 CREATE INDEX dagwerk_attempts_task ON dagwerk_attempts (task_id, seq);
 

@@ -84,11 +84,15 @@ ORDER BY r.ord;
 
 -- name: task_set_status
 -- key: task_id
-UPDATE dagwerk_tasks AS t SET status = r.new, error = r.error
+UPDATE dagwerk_tasks AS t
+SET status = r.new, error = r.error,
+    started_at = CASE WHEN r.new = 'running' THEN r.now ELSE t.started_at END,
+    finished_at = CASE WHEN r.new = 'running' THEN NULL ELSE coalesce(t.finished_at, r.now) END
 FROM (SELECT j.*
       FROM unnest(ARRAY(SELECT jsonb_array_elements(CAST(:rows AS jsonb)))) AS e (v),
            jsonb_to_record(e.v) AS j (
-               task_id text, old text, attempt_id text, new text, error text)
+               task_id text, old text, attempt_id text, new text, error text,
+               now double precision)
       WHERE jsonb_typeof(e.v) = 'object'
       OFFSET 0) AS r
 WHERE t.task_id = r.task_id AND t.status = r.old AND t.attempt_id = r.attempt_id;
@@ -105,11 +109,14 @@ WHERE t.task_id = r.task_id AND t.attempt_id = r.attempt_id AND t.status = r.que
 
 -- name: task_claim
 -- key: task_id
-UPDATE dagwerk_tasks AS t SET status = r.new, error = r.error, worker_id = r.worker_id
+UPDATE dagwerk_tasks AS t
+SET status = r.new, error = r.error, worker_id = r.worker_id, started_at = r.now,
+    finished_at = NULL
 FROM (SELECT j.*
       FROM unnest(ARRAY(SELECT jsonb_array_elements(CAST(:rows AS jsonb)))) AS e (v),
            jsonb_to_record(e.v) AS j (
-               task_id text, old text, attempt_id text, new text, error text, worker_id text)
+               task_id text, old text, attempt_id text, new text, error text, worker_id text,
+               now double precision)
       WHERE jsonb_typeof(e.v) = 'object'
       OFFSET 0) AS r
 WHERE t.task_id = r.task_id AND t.status = r.old AND t.attempt_id = r.attempt_id;
@@ -118,10 +125,11 @@ WHERE t.task_id = r.task_id AND t.status = r.old AND t.attempt_id = r.attempt_id
 -- key: task_id
 UPDATE dagwerk_tasks AS t
 SET status = 'completed', completed_attempt_id = r.attempt_id,
-    completed_launch_complete = r.launch_complete
+    completed_launch_complete = r.launch_complete, finished_at = r.now
 FROM (SELECT j.*, 'running' AS running
       FROM unnest(ARRAY(SELECT jsonb_array_elements(CAST(:rows AS jsonb)))) AS e (v),
-           jsonb_to_record(e.v) AS j (task_id text, attempt_id text, launch_complete bigint)
+           jsonb_to_record(e.v) AS j (
+               task_id text, attempt_id text, launch_complete bigint, now double precision)
       WHERE jsonb_typeof(e.v) = 'object'
       OFFSET 0) AS r
 WHERE t.task_id = r.task_id AND t.status = r.running AND t.attempt_id = r.attempt_id;

@@ -116,7 +116,8 @@ class ClaimAheadMixin(SqlStoreBase):
         (all routed to ``route``, queue and priority, of a node of ``plugin``)
         now. If so each row
         gets what ``task_insert_claimed`` and ``delivery_insert_leased``
-        take besides (``status``, ``worker_id``, ``expires``) and its route;
+        take besides (``status``, ``worker_id``, ``started_at``, ``expires``)
+        and its route;
         the caller inserts them with those and hands them to
         :meth:`_remember_preclaimed` once the launch's write has ended."""
         intent = self._intent_now()
@@ -144,6 +145,7 @@ class ClaimAheadMixin(SqlStoreBase):
             row.update(
                 status=TaskStatus.RUNNING.value,
                 worker_id=intent.worker_id,
+                started_at=now,
                 expires=expires,
                 queue=queue,
                 priority=priority,

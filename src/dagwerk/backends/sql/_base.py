@@ -310,6 +310,7 @@ class SqlStoreBase:
                 "attempt_id": task["attempt_id"],
                 "new": new.value,
                 "error": extra.get("error", task["error"]),
+                "now": self._now(),
             },
         )
         if changed != 1:
@@ -388,6 +389,7 @@ class SqlStoreBase:
                 "task_id": task["task_id"],
                 "status": (outcome or old).value,
                 "error": error,
+                "now": self._now(),
             },
         )
         attempt_id = self._new_id()
@@ -469,7 +471,8 @@ def queued_task_row(inserted: dict[str, object]) -> dict[str, object]:
     by ``task_insert`` with ``inserted`` (the table's defaults for the rest;
     a test compares it with the stored row), in a RUNNING run whose launch
     and generation are current; or inserted claimed by
-    ``task_insert_claimed`` (its status and ``worker_id`` then)."""
+    ``task_insert_claimed`` (its status, ``worker_id`` and ``started_at``
+    then)."""
     return {
         "task_id": inserted["task_id"],
         "run_id": inserted["run_id"],
@@ -490,6 +493,8 @@ def queued_task_row(inserted: dict[str, object]) -> dict[str, object]:
         "attempt_number": 1,
         "worker_id": inserted.get("worker_id"),
         "lost_deliveries": 0,
+        "started_at": inserted.get("started_at"),
+        "finished_at": None,
         "run_status": RunStatus.RUNNING.value,
         "owned": 1,
     }

@@ -21,7 +21,7 @@ import logging
 from collections.abc import Collection, Mapping, Sequence
 from contextlib import suppress
 from functools import partial
-from typing import TypeVar
+from typing import Any, TypeVar
 
 from dagwerk.backends.errors import StoreBusyError, StoreUnavailableError
 from dagwerk.constants import TaskStatus
@@ -178,6 +178,7 @@ class BatchMixin(TasksMixin, QueueMixin, ClaimAheadMixin):
         *,
         worker_id: str | None = None,
         fresh: Mapping[str, Mapping[str, object]] | None = None,
+        now: float | None = None,
     ) -> list[Row | None]:
         """``try_claim_task`` for each leased row's attempt, in the caller's
         transaction: the tasks are read in one statement and set RUNNING in
@@ -187,7 +188,9 @@ class BatchMixin(TasksMixin, QueueMixin, ClaimAheadMixin):
         tasks yet) the claim records it too, and a QUEUED task left unclaimed
         gets it as the lease would have given it. ``fresh``: rows of tasks a
         launch inserted in this transaction with no write since but the
-        leases (``_fresh_queued``), which are not read again."""
+        leases (``_fresh_queued``), which are not read again. ``now``: the
+        store time the claims start their attempts at (default: the clock's).
+        Each claimed task's row comes back as the claim left its times."""
         ids = list(dict.fromkeys(d.task_id for d in leased))
         rows: dict[str, Row] = {i: fresh[i] for i in ids if i in fresh} if fresh else {}
         unread = [i for i in ids if i not in rows]
@@ -205,6 +208,8 @@ class BatchMixin(TasksMixin, QueueMixin, ClaimAheadMixin):
             )
         records: list[Row | None] = []
         updates: list[dict[str, object]] = []
+        if now is None:
+            now = self._now()
         unclaimed: list[dict[str, object]] = []
         claimed: set[str] = set()
         for delivery in leased:
@@ -236,9 +241,10 @@ class BatchMixin(TasksMixin, QueueMixin, ClaimAheadMixin):
                     "new": TaskStatus.RUNNING.value,
                     "error": row["error"],
                     "worker_id": worker_id,
+                    "now": now,
                 }
             )
-            records.append(row)
+            records.append(_StartedRow(row, now))
         if updates and worker_id is None:
             tx.many("task_set_status", updates)
         elif updates:
@@ -410,7 +416,7 @@ class BatchMixin(TasksMixin, QueueMixin, ClaimAheadMixin):
             if self._charges_completions(tx, run_id, status)
         }
         reserved = {} if optimistic else self._reserved_outputs(tx, items, rows, budgeted, known)
-        batch = _CompletionBatch()
+        batch = _CompletionBatch(self._now())
         for index, item in items:
             row = rows.get(item.task_id)
             if row is not None and row["run_id"] in budgeted:
@@ -559,6 +565,24 @@ def _claimed(row: Row | None) -> TaskRecord | None:
         return None
 
 
+class _StartedRow:
+    """A task row read before its claim, with the times the claim wrote
+    (started at ``started_at``, not finished): what the row reads after it."""
+
+    __slots__ = ("_row", "_started_at")
+
+    def __init__(self, row: Row, started_at: float) -> None:
+        self._row = row
+        self._started_at = started_at
+
+    def __getitem__(self, key: str, /) -> Any:
+        if key == "started_at":
+            return self._started_at
+        if key == "finished_at":
+            return None
+        return self._row[key]
+
+
 def _by_run(keyed: list[tuple[str, _T]]) -> list[list[_T]]:
     """Group values by run ID, groups in the order their run first appears."""
     groups: dict[str, list[_T]] = {}
@@ -570,7 +594,9 @@ def _by_run(keyed: list[tuple[str, _T]]) -> list[list[_T]]:
 class _CompletionBatch:
     """The writes of one transaction's accepted completions, in request order."""
 
-    def __init__(self) -> None:
+    def __init__(self, now: float) -> None:
+        self.now = now
+        """The store time the completions settle their attempts at."""
         self.outputs: list[dict[str, object]] = []
         self.tasks: list[dict[str, object]] = []
         self.acks: list[dict[str, object]] = []
@@ -594,7 +620,12 @@ class _CompletionBatch:
         position = len(self.tasks)
         self.outputs.extend(prepared)
         self.tasks.append(
-            {"task_id": item.task_id, "attempt_id": item.expected_attempt_id, "launch_complete": 0}
+            {
+                "task_id": item.task_id,
+                "attempt_id": item.expected_attempt_id,
+                "launch_complete": 0,
+                "now": self.now,
+            }
         )
         self.by_launch.setdefault(row["launch_id"], []).append(position)
         self.counters[row["launch_id"]] = (row["launch_completed"], row["launch_task_count"])

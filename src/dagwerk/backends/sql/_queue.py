@@ -99,6 +99,7 @@ class QueueMixin(SqlStoreBase):
         *,
         worker_id: str | None = None,
         fresh: Mapping[str, Mapping[str, object]] | None = None,
+        now: float | None = None,
     ) -> list[Row | None]:
         """Claim the leased rows' attempts in ``tx`` (implemented by the batch mixin)."""
         raise NotImplementedError
@@ -159,7 +160,9 @@ class QueueMixin(SqlStoreBase):
                     record_worker=record_worker and claims is None,
                 )
             if claims is not None and leased:
-                claims.extend(self._claim_many(tx, leased, worker_id=worker_id, fresh=inserted))
+                claims.extend(
+                    self._claim_many(tx, leased, worker_id=worker_id, fresh=inserted, now=now)
+                )
         self._bury_all(spent, leased)
         return leased
 
@@ -357,6 +360,7 @@ class QueueMixin(SqlStoreBase):
                 "task_id": row["task_id"],
                 "attempt_id": row["attempt_id"],
                 "error": f"dead-lettered: {reason}",
+                "now": self._now(),
             },
         )
         self._bump(tx, task["run_id"], task["node_index"])

@@ -290,7 +290,12 @@ class RunsMixin(SqlStoreBase):
     def _stop_active_tasks(self, tx: Tx, run_id: str, node_index: int | None) -> None:
         """Invalidate active waits, cancel unfinished tasks and drop the outbox
         rows of the run's active tasks (of one node when ``node_index`` is set)."""
-        params = {"run_id": run_id, "node_index": node_index, "unfinished": _UNFINISHED_VALUES}
+        params = {
+            "run_id": run_id,
+            "node_index": node_index,
+            "unfinished": _UNFINISHED_VALUES,
+            "now": self._now(),
+        }
         tx.run("waits_invalidate_active", params)
         tx.run("tasks_clear_active_wait", params)
         tx.run("tasks_cancel_unfinished", params)

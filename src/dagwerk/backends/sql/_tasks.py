@@ -48,6 +48,8 @@ def task_record(row: Row, status: TaskStatus | None = None) -> TaskRecord:
         active_wait_id=row["active_wait_id"],
         invalidated=bool(row["invalidated"]),
         attempt_number=row["attempt_number"],
+        started_at=row["started_at"],
+        finished_at=row["finished_at"],
     )
 
 
@@ -65,6 +67,8 @@ def _attempt(row: Row, number: int, status: TaskStatus | None) -> AttemptRecord:
         error=row["error"],
         worker_id=row["worker_id"],
         resumed_from_wait_id=row["resumed_from_wait_id"],
+        started_at=row["started_at"],
+        finished_at=row["finished_at"],
     )
 
 
@@ -270,6 +274,7 @@ class TasksMixin(SqlStoreBase):
                 "task_id": task_id,
                 "attempt_id": expected_attempt_id,
                 "launch_complete": int(complete),
+                "now": self._now(),
             },
         )
         self._bump(tx, task["run_id"], task["node_index"])
@@ -396,6 +401,7 @@ class TasksMixin(SqlStoreBase):
                     "attempt_id": expected_attempt_id,
                     "status": status.value,
                     "error": error,
+                    "now": self._now(),
                 },
             )
             self._bump(tx, task["run_id"], task["node_index"])

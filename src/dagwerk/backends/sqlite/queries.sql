@@ -239,12 +239,18 @@ ORDER BY seq;
 SELECT * FROM dagwerk_tasks WHERE run_id = :run_id AND (:all = 1 OR invalidated = 0) ORDER BY seq;
 
 -- name: task_set_status
-UPDATE dagwerk_tasks SET status = :new, error = :error
+-- RUNNING starts the attempt (started_at); any other status settles it
+-- (finished_at; a settled attempt keeps its time).
+UPDATE dagwerk_tasks
+SET status = :new, error = :error,
+    started_at = CASE WHEN :new = 'running' THEN :now ELSE started_at END,
+    finished_at = CASE WHEN :new = 'running' THEN NULL ELSE coalesce(finished_at, :now) END
 WHERE task_id = :task_id AND status = :old AND attempt_id = :attempt_id;
 
 -- name: task_claim
 -- task_set_status QUEUED -> RUNNING that also records the leasing worker.
-UPDATE dagwerk_tasks SET status = :new, error = :error, worker_id = :worker_id
+UPDATE dagwerk_tasks
+SET status = :new, error = :error, worker_id = :worker_id, started_at = :now, finished_at = NULL
 WHERE task_id = :task_id AND status = :old AND attempt_id = :attempt_id;
 
 -- name: task_replace_attempt
@@ -253,19 +259,22 @@ SET attempt_id = :attempt_id, status = 'queued', error = NULL,
     failure_attempt_id = NULL, failure_status = NULL,
     resumed_from_wait_id = coalesce(:resumed_from, resumed_from_wait_id),
     active_wait_id = CASE WHEN :resumed_from IS NULL THEN active_wait_id END,
-    attempt_number = attempt_number + 1, worker_id = NULL,
+    attempt_number = attempt_number + 1, worker_id = NULL, started_at = NULL, finished_at = NULL,
     lost_deliveries = coalesce(:lost_deliveries, lost_deliveries)
 WHERE task_id = :task_id AND status = :old_status AND attempt_id = :old_attempt;
 
 -- name: attempt_archive
+-- An attempt replaced unfinished ends at :now.
 INSERT INTO dagwerk_attempts
-    (task_id, attempt_id, number, status, error, worker_id, resumed_from_wait_id)
+    (task_id, attempt_id, number, status, error, worker_id, resumed_from_wait_id,
+     started_at, finished_at)
 SELECT task_id, attempt_id, attempt_number, :status, coalesce(:error, error), worker_id,
-       resumed_from_wait_id
+       resumed_from_wait_id, started_at, coalesce(finished_at, :now)
 FROM dagwerk_tasks WHERE task_id = :task_id;
 
 -- name: attempts_of_task
-SELECT attempt_id, number, status, error, worker_id, resumed_from_wait_id
+SELECT attempt_id, number, status, error, worker_id, resumed_from_wait_id, started_at,
+       finished_at
 FROM dagwerk_attempts WHERE task_id = :task_id ORDER BY seq;
 
 -- name: task_set_worker
@@ -274,25 +283,28 @@ WHERE task_id = :task_id AND attempt_id = :attempt_id AND status = 'queued';
 
 -- name: task_crash_dead_lettered
 UPDATE dagwerk_tasks
-SET status = 'crashed', error = :error, failure_attempt_id = attempt_id, failure_status = 'crashed'
+SET status = 'crashed', error = :error, failure_attempt_id = attempt_id, failure_status = 'crashed',
+    finished_at = :now
 WHERE task_id = :task_id AND attempt_id = :attempt_id AND status IN ('queued', 'running');
 
 -- name: task_complete
 UPDATE dagwerk_tasks
 SET status = 'completed', completed_attempt_id = :attempt_id,
-    completed_launch_complete = :launch_complete
+    completed_launch_complete = :launch_complete, finished_at = :now
 WHERE task_id = :task_id AND status = 'running' AND attempt_id = :attempt_id;
 
 -- name: task_mark_failure
 UPDATE dagwerk_tasks
-SET status = :status, error = :error, failure_attempt_id = :attempt_id, failure_status = :status
+SET status = :status, error = :error, failure_attempt_id = :attempt_id, failure_status = :status,
+    finished_at = :now
 WHERE task_id = :task_id AND status = 'running' AND attempt_id = :attempt_id;
 
 -- name: task_set_active_wait
 UPDATE dagwerk_tasks SET active_wait_id = :wait_id WHERE task_id = :task_id;
 
 -- name: tasks_cancel_unfinished
-UPDATE dagwerk_tasks SET status = 'cancelled'
+-- A WAITING attempt keeps the time it settled.
+UPDATE dagwerk_tasks SET status = 'cancelled', finished_at = coalesce(finished_at, :now)
 WHERE run_id = :run_id AND invalidated = 0
   AND (:node_index IS NULL OR node_index = :node_index)
   AND status IN (SELECT value FROM json_each(:unfinished));
@@ -398,9 +410,10 @@ VALUES (:delivery_id, :task_id, :attempt_id, :generation, :run_id, :node_index, 
 -- task_insert of a task the claim ahead of the same transaction takes as it
 -- is written: RUNNING, with the claiming worker (see sql/_ahead.py).
 INSERT INTO dagwerk_tasks
-    (task_id, run_id, node_index, generation, launch_id, status, attempt_id, plan, worker_id)
+    (task_id, run_id, node_index, generation, launch_id, status, attempt_id, plan, worker_id,
+     started_at)
 VALUES (:task_id, :run_id, :node_index, :generation, :launch_id, :status, :attempt_id, :plan,
-        :worker_id);
+        :worker_id, :started_at);
 
 -- name: delivery_insert_leased
 -- sqlite only: as task_insert_claimed.

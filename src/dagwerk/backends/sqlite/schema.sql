@@ -65,7 +65,7 @@ CREATE TABLE dagwerk_tasks (
     completed_launch_complete INTEGER,
     failure_attempt_id TEXT,
     failure_status TEXT
-, attempt_number INTEGER NOT NULL DEFAULT 1, worker_id TEXT, lost_deliveries INTEGER NOT NULL DEFAULT 0);
+, attempt_number INTEGER NOT NULL DEFAULT 1, worker_id TEXT, lost_deliveries INTEGER NOT NULL DEFAULT 0, started_at REAL, finished_at REAL);
 CREATE INDEX dagwerk_tasks_run ON dagwerk_tasks (run_id, invalidated, status);
 CREATE INDEX dagwerk_tasks_launch ON dagwerk_tasks (launch_id, seq);
 
@@ -153,7 +153,7 @@ CREATE TABLE dagwerk_attempts (
     error TEXT,
     worker_id TEXT,
     resumed_from_wait_id TEXT
-);
+, started_at REAL, finished_at REAL);
 CREATE INDEX dagwerk_attempts_task ON dagwerk_attempts (task_id, seq);
 
 CREATE TABLE dagwerk_run_links (
