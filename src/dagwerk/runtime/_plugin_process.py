@@ -16,6 +16,7 @@ import dataclasses
 import inspect
 import io
 import logging
+import multiprocessing
 import os
 import pickle
 import sys
@@ -110,7 +111,9 @@ def job_bytes(fn: PluginFn, inputs: TaskInputs, ctx: TaskContext) -> bytes:
 
 class _TaskLogging:
     """The plugin process's task loggers write to its stderr (the worker's)
-    from the level the worker's task loggers show."""
+    from the level the worker's task loggers show. Only in a process of its
+    own: a plugin process run in the worker's process (tests do) leaves the
+    worker's logging as it is."""
 
     def __init__(self) -> None:
         self.level: int | None = None
@@ -118,12 +121,11 @@ class _TaskLogging:
         self.handler.setFormatter(_TASK_LOG_FORMAT)
 
     def follow(self, level: int) -> None:
-        if level == self.level:
+        if level == self.level or multiprocessing.parent_process() is None:
             return
         logger = logging.getLogger(TASK_LOGGER)
         if self.level is None:
             logger.addHandler(self.handler)
-            logger.propagate = False
         logger.setLevel(level)
         self.level = level
 
