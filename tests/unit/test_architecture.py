@@ -49,15 +49,10 @@ NOT_CORE = (
     "dagwerk.cli",
     "dagwerk.testing",
 )
-# The import cycles the package has, each a restructuring still to make: the
-# worker's modules and the SQL store's claim-ahead mixin know each other
-# (type-checking imports). A new cycle, or a module added to one, fails.
+# The one import cycle the package has, a restructuring still to make: the
+# worker's modules know each other (type-checking imports). A new cycle, or
+# a module added to this one, fails.
 KNOWN_CYCLES = [
-    [
-        "dagwerk.backends.sql._ahead",
-        "dagwerk.backends.sql._base",
-        "dagwerk.backends.sql._queue",
-    ],
     [
         "dagwerk.runtime._batch_exec",
         "dagwerk.runtime._inline",

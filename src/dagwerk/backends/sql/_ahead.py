@@ -24,7 +24,7 @@ from __future__ import annotations
 import threading
 from collections.abc import Collection, Sequence
 from dataclasses import dataclass, field
-from typing import cast
+from typing import Any, cast
 
 from dagwerk.constants import TaskStatus
 from dagwerk.store import LeasedDelivery
@@ -62,6 +62,11 @@ class ClaimIntent:
 
 
 class ClaimAheadMixin(SqlStoreBase):
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        # Per thread, what its unit's claim ahead will ask.
+        self._claim_intents: dict[int, ClaimIntent] = {}
+
     def expect_claim(
         self,
         worker_id: str,

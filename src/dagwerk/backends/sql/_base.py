@@ -17,7 +17,7 @@ import threading
 import time
 from collections.abc import Callable
 from contextlib import suppress
-from typing import TYPE_CHECKING, Any, NamedTuple
+from typing import Any, NamedTuple
 
 from dagwerk._fifo import FifoCache
 from dagwerk.constants import FailurePolicy, RunStatus, TaskStatus
@@ -30,9 +30,6 @@ from dagwerk.transitions import check_task_transition
 
 from ._recent import RecentOutputs
 from .gateway import Gateway, Row, Tx
-
-if TYPE_CHECKING:
-    from ._ahead import ClaimIntent
 
 UNFINISHED = (TaskStatus.PENDING, TaskStatus.QUEUED, TaskStatus.RUNNING, TaskStatus.WAITING)
 FAILURES = (TaskStatus.FAILED, TaskStatus.CRASHED)
@@ -154,8 +151,6 @@ class SqlStoreBase:
         # and the tasks the last launches inserted, for the claim ahead.
         self._fresh_frontier: FreshFrontier | None = None
         self._fresh_tasks: FreshTasks | None = None
-        # Per thread, what its unit's claim ahead will ask (see _ahead.py).
-        self._claim_intents: dict[int, ClaimIntent] = {}
         # Started runs without budget accounts (they never get any later).
         self._unbudgeted: FifoCache[str, bool] = FifoCache()
         # Tasks this process's dequeues crashed by dead-lettering (drained by
