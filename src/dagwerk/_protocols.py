@@ -41,6 +41,14 @@ def implements(obj: object, protocol: type[_P]) -> TypeIs[_P]:
 def _forwards_every_member(obj: object, protocol: type) -> bool:
     """Whether ``obj`` answers every member of ``protocol`` (Python 3.12+
     keeps the protocol's members in ``__protocol_attrs__``; earlier versions'
-    ``isinstance`` already asked ``hasattr``)."""
+    ``isinstance`` already asked ``hasattr``). As ``isinstance`` does, a
+    method member set to ``None`` counts as absent."""
     members: frozenset[str] = frozenset(getattr(protocol, "__protocol_attrs__", ()))
-    return bool(members) and all(hasattr(obj, name) for name in members)
+    if not members:
+        return False
+    for name in members:
+        if not hasattr(obj, name):
+            return False
+        if callable(getattr(protocol, name, None)) and getattr(obj, name) is None:
+            return False
+    return True

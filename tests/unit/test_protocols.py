@@ -51,3 +51,15 @@ def test_proxies_are_decided_per_instance() -> None:
     assert implements(_Proxy(_Greeter()), _Greets)
     assert not implements(_Proxy(_Silent()), _Greets)
     assert implements(_Proxy(_Greeter()), _Greets)
+
+
+class _Disowned(_Greeter):
+    """Inherits the method and sets it to ``None``: the protocol's way to say
+    "not implemented"."""
+
+    greet = None  # type: ignore[assignment]
+
+
+def test_a_method_set_to_none_counts_as_absent_on_every_python() -> None:
+    assert not implements(_Disowned(), _Greets)
+    assert not implements(_Proxy(_Disowned()), _Greets)
