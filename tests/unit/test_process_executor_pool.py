@@ -340,9 +340,15 @@ class _ThreadProcess:
         # The parent closes its copy of the child end after start.
         self.conn = Connection(os.dup(args[0].fileno()))
 
+        # Like a process's sentinel: readable once the "process" has ended.
+        self.sentinel, ended = os.pipe()
+
         def run() -> None:
-            self.release.wait(WAIT)
-            target(self.conn, args[1])
+            try:
+                self.release.wait(WAIT)
+                target(self.conn, args[1])
+            finally:
+                os.close(ended)
 
         self.thread = threading.Thread(target=run, daemon=True)
         self.pid = None

@@ -372,11 +372,16 @@ class _StubbornProcess:
             Connection(os.dup(a.fileno())) if isinstance(a, Connection) else a for a in args
         )
 
+        # Like a process's sentinel: readable once the "child" has ended.
+        self.sentinel, ended = os.pipe()
+
         def run() -> None:
             try:
                 target(*args)
             except Exception:  # the parent closed its end: the result has nowhere to go
                 return
+            finally:
+                os.close(ended)
 
         self.thread = threading.Thread(target=run, daemon=True)
 

@@ -27,6 +27,7 @@ import threading
 import time
 from collections.abc import Callable
 from multiprocessing.connection import Connection
+from multiprocessing.connection import wait as wait_for_objects
 from multiprocessing.context import SpawnContext, SpawnProcess
 from multiprocessing.synchronize import Event
 
@@ -65,15 +66,20 @@ class PluginProcess:
         return self.process.is_alive()
 
     def stop(self, join_timeout: float) -> bool:
-        """The hard stop: set the abort event, terminate, join, kill, join.
-        Whether the process is gone."""
+        """The hard stop: set the abort event, terminate, wait, kill, wait.
+        Whether the process is gone.
+
+        The wait is on the process's sentinel, which becomes ready when the
+        process ends whichever thread reaps it (``is_alive`` can answer True
+        for a process another thread is reaping at that moment)."""
         self.abort.set()
         self.process.terminate()
-        self.process.join(join_timeout)
-        if self.process.is_alive():
+        if not wait_for_objects([self.process.sentinel], join_timeout):
             self.process.kill()
-            self.process.join(join_timeout)
-        return not self.process.is_alive()
+            if not wait_for_objects([self.process.sentinel], join_timeout):
+                return False
+        self.process.join(join_timeout)
+        return True
 
     def retire(self, join_timeout: float) -> None:
         """Close the pipe of an idle process (it exits when it reads EOF) and
