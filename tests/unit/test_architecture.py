@@ -12,32 +12,13 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
+from test_core_purity import CORE_MODULES
 
 SRC = Path(__file__).resolve().parents[2] / "src"
 PACKAGE = SRC / "dagwerk"
 
-# Modules of the pure core (ARCHITECTURE.md): planning, routing and state
-# rules, free of storage, the runtime and the interfaces.
-CORE = [
-    "dagwerk.constants",
-    "dagwerk.errors",
-    "dagwerk.limits",
-    "dagwerk.json",
-    "dagwerk.models",
-    "dagwerk.graph",
-    "dagwerk.topology",
-    "dagwerk.filter",
-    "dagwerk.pipes",
-    "dagwerk.expressions",
-    "dagwerk.bindings",
-    "dagwerk.planning",
-    "dagwerk.schema",
-    "dagwerk.plugins",
-    "dagwerk.transitions",
-    "dagwerk.lineage",
-    "dagwerk.budgets",
-    "dagwerk.stall",
-]
+# The pure core, as the purity test lists it (ARCHITECTURE.md).
+CORE = CORE_MODULES
 NOT_CORE = (
     "dagwerk.store",
     "dagwerk._store_extensions",
