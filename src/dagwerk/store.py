@@ -8,7 +8,9 @@ seed function. dagwerk's additions are extension protocols of their own
 (``WaitResponseStore``, ``DelayedRetryStore``, ``NodeRerunStore``,
 ``DagRunStore``, the queue, ...), looked up once per store
 (:class:`dagwerk.capabilities.StoreCapabilities`); without one, its caller
-does what the seed does. Every method that
+does what the seed does. Each capability's protocols and records live in a
+module of their own (``dagwerk.store_queue``, ``dagwerk.store_waits``, ...)
+and are re-exported here. Every method that
 changes state runs as one transaction under the run's serialisation boundary:
 it validates everything first, then writes, so a rejected call changes
 nothing. ``try_*`` methods return ``None`` (or ``False``) when the transition
@@ -25,38 +27,6 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Protocol, runtime_checkable
 
-from dagwerk._store_extensions import (
-    WORKER_RECORDS_KEPT_SECONDS,
-    BackstopStore,
-    BatchQueueStore,
-    ClaimAheadStore,
-    ClaimedDelivery,
-    ClosableStore,
-    CompletionOutcome,
-    CompletionRequest,
-    DagBudgetStore,
-    DagChildStore,
-    DagQueueStore,
-    DeadLetter,
-    DelayedRetryStore,
-    ExpiredLease,
-    LeasedDelivery,
-    LimitedStore,
-    LiveNodeStore,
-    NodeRerunStore,
-    QueueForecastStore,
-    QueueStats,
-    RecentOutputsStore,
-    RunningTasksStore,
-    StallRecord,
-    UnitOfWorkStore,
-    WaitAgesStore,
-    WaitRecord,
-    WaitRecordStore,
-    WaitResponseStore,
-    WorkerPresenceStore,
-    WorkerRecord,
-)
 from dagwerk._store_types import (
     AttemptRecord,
     Delivery,
@@ -100,6 +70,52 @@ from dagwerk.models import (
     PlanningSnapshot,
     ResolvedOutput,
     TaskInputPlan,
+)
+from dagwerk.store_backstop import (
+    BackstopStore,
+    LiveNodeStore,
+    QueueStats,
+    RunningTasksStore,
+    StallRecord,
+    WaitAgesStore,
+)
+from dagwerk.store_children import (
+    DagBudgetStore,
+    DagChildStore,
+)
+from dagwerk.store_claims import (
+    BatchQueueStore,
+    ClaimAheadStore,
+    ClaimedDelivery,
+    CompletionOutcome,
+    CompletionRequest,
+    RecentOutputsStore,
+    UnitOfWorkStore,
+)
+from dagwerk.store_lifetime import (
+    ClosableStore,
+    LimitedStore,
+)
+from dagwerk.store_queue import (
+    DagQueueStore,
+    DeadLetter,
+    LeasedDelivery,
+    QueueForecastStore,
+)
+from dagwerk.store_retries import (
+    DelayedRetryStore,
+    NodeRerunStore,
+)
+from dagwerk.store_waits import (
+    WaitRecord,
+    WaitRecordStore,
+    WaitResponseStore,
+)
+from dagwerk.store_workers import (
+    WORKER_RECORDS_KEPT_SECONDS,
+    ExpiredLease,
+    WorkerPresenceStore,
+    WorkerRecord,
 )
 from dagwerk.topology import RunTopology
 
