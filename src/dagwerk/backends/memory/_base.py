@@ -15,6 +15,7 @@ import uuid
 from collections.abc import Callable
 from itertools import count
 
+from dagwerk.backends.requests import check_store_settings
 from dagwerk.constants import NodeDisposition, RunStatus, TaskStatus
 from dagwerk.limits import DEFAULT_LIMITS, Limits
 from dagwerk.models import EmittedOutput
@@ -22,7 +23,6 @@ from dagwerk.store import (
     AttemptRecord,
     DeadLetter,
     Delivery,
-    InvalidStoreValueError,
     TaskAttemptRef,
     TaskRecoveryResult,
 )
@@ -59,14 +59,7 @@ class MemoryStoreBase:
         default_queue: str = "default",
         default_priority: int = 0,
     ) -> None:
-        if type(max_deliveries) is not int or max_deliveries < 1:
-            raise InvalidStoreValueError(
-                "max_deliveries must be an int >= 1", field="max_deliveries"
-            )
-        if not isinstance(default_queue, str) or not default_queue:
-            raise InvalidStoreValueError("queue must be a non-empty string", field="default_queue")
-        if type(default_priority) is not int:
-            raise InvalidStoreValueError("priority must be an int", field="default_priority")
+        check_store_settings(max_deliveries, default_queue, default_priority)
         self.limits: Limits = limits if limits is not None else DEFAULT_LIMITS
         self.max_deliveries = max_deliveries
         self.default_queue = default_queue

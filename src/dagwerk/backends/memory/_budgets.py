@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from dagwerk.backends.requests import check_admission, check_budget
 from dagwerk.budgets import (
     AccountUsage,
     Admission,
@@ -35,12 +36,6 @@ class _Hold:
     run_id: str
     units: int
     charged: bool = False
-
-
-def check_budget(budget: object) -> Budget | None:
-    if budget is not None and not isinstance(budget, Budget):
-        raise InvalidStoreValueError("budget must be a Budget", field="budget")
-    return budget
 
 
 class BudgetsMixin(MemoryStoreBase):
@@ -108,8 +103,7 @@ class BudgetsMixin(MemoryStoreBase):
     # -- protocol ----------------------------------------------------------------
 
     def try_set_run_budget(self, run_id: str, budget: Budget) -> bool:
-        if not isinstance(budget, Budget):
-            raise InvalidStoreValueError("budget must be a Budget", field="budget")
+        check_budget(budget, optional=False)
         with self._lock:
             run = self._runs.get(run_id)
             if run is None or run.status is not RunStatus.PENDING or run_id in self._run_accounts:
@@ -131,10 +125,7 @@ class BudgetsMixin(MemoryStoreBase):
         input_bytes: int,
         cost_units: int | None,
     ) -> Admission:
-        if type(input_bytes) is not int or input_bytes < 0:
-            raise InvalidStoreValueError("input_bytes must be an int >= 0", field="input_bytes")
-        if cost_units is not None and (type(cost_units) is not int or cost_units < 0):
-            raise InvalidStoreValueError("cost_units must be an int >= 0", field="cost_units")
+        check_admission(input_bytes, cost_units)
         with self._lock:
             found = self._current_running(task_id, expected_attempt_id)
             if found is None:

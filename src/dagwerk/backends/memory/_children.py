@@ -5,23 +5,20 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from dagwerk.backends.requests import (
+    check_budget,
+    check_child_link,
+    check_wait_link,
+)
 from dagwerk.budgets import Budget
 from dagwerk.constants import FailurePolicy, RunStatus, TaskStatus
 from dagwerk.errors import DagwerkError
 from dagwerk.lineage import RunLink, child_result_payload, sink_indices
 from dagwerk.models import DagNode
-from dagwerk.store import InvalidStoreValueError, TaskWaitResult
+from dagwerk.store import TaskWaitResult
 
-from ._budgets import BudgetsMixin, check_budget
+from ._budgets import BudgetsMixin
 from ._state import RunState
-
-
-def _check_link(link: object, run_id: object) -> RunLink:
-    if not isinstance(link, RunLink):
-        raise InvalidStoreValueError("link must be a RunLink", field="link")
-    if link.run_id != run_id:
-        raise InvalidStoreValueError("link.run_id must name the child run", field="link")
-    return link
 
 
 class ChildrenMixin(BudgetsMixin):
@@ -40,12 +37,8 @@ class ChildrenMixin(BudgetsMixin):
         failure_policy: FailurePolicy | str = FailurePolicy.FAIL_FAST,
         budget: Budget | None = None,
     ) -> bool:
-        _check_link(link, run_id)
-        if link.wait_id is not None:
-            raise InvalidStoreValueError(
-                "create_child_run stores no wait; use try_wait_for_child", field="link"
-            )
-        check_budget(budget)
+        check_child_link(link, run_id)
+        check_budget(budget, optional=True)
         with self._lock:
             if run_id in self._runs:
                 return False
@@ -84,9 +77,8 @@ class ChildrenMixin(BudgetsMixin):
         failure_policy: FailurePolicy | str = FailurePolicy.FAIL_FAST,
         budget: Budget | None = None,
     ) -> TaskWaitResult | None:
-        if not isinstance(link, RunLink) or link.wait_id is None:
-            raise InvalidStoreValueError("link must be a RunLink with a wait ID", field="link")
-        check_budget(budget)
+        check_wait_link(link)
+        check_budget(budget, optional=True)
         with self._lock:
             task = self._tasks.get(task_id)
             if (

@@ -6,17 +6,12 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+from dagwerk.backends.requests import check_name, check_stall
 from dagwerk.constants import NodeDisposition, RunStatus, TaskStatus
-from dagwerk.store import InvalidStoreValueError, QueueStats, StallRecord, validate_seconds
+from dagwerk.store import QueueStats, StallRecord, validate_seconds
 
 from ._base import MemoryStoreBase
 from ._state import TaskState
-
-
-def _check_name(value: object, name: str) -> str:
-    if not isinstance(value, str) or not value:
-        raise InvalidStoreValueError(f"{name} must be a non-empty string", field=name)
-    return value
 
 
 class GatedMixin(MemoryStoreBase):
@@ -27,8 +22,8 @@ class GatedMixin(MemoryStoreBase):
         self._stalls: dict[str, StallRecord] = {}
 
     def try_acquire_lease(self, name: str, holder: str, seconds: float) -> bool:
-        _check_name(name, "name")
-        _check_name(holder, "holder")
+        check_name(name, "name")
+        check_name(holder, "holder")
         span = validate_seconds(seconds, "seconds", positive=True)
         with self._lock:
             now = float(self._clock())
@@ -131,12 +126,7 @@ class GatedMixin(MemoryStoreBase):
             return ages
 
     def try_record_stall(self, run_id: str, reason: str, held_nodes: tuple[int, ...]) -> bool:
-        _check_name(run_id, "run_id")
-        if not isinstance(reason, str):
-            raise InvalidStoreValueError("reason must be a string", field="reason")
-        held = tuple(sorted(set(held_nodes)))
-        if any(type(index) is not int or index < 0 for index in held):
-            raise InvalidStoreValueError("held_nodes must be node indices", field="held_nodes")
+        held = check_stall(run_id, reason, held_nodes)
         with self._lock:
             if run_id not in self._runs:
                 return False

@@ -4,6 +4,13 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
+from dagwerk.backends.requests import (
+    check_launch_request,
+    check_node_index,
+    check_plans,
+    check_snapshot_limits,
+    check_snapshot_sources,
+)
 from dagwerk.constants import LaunchCreateStatus, NodeDisposition, RunStatus, TaskStatus
 from dagwerk.json import ReadOnlyDict
 from dagwerk.models import (
@@ -20,12 +27,6 @@ from ._base import MemoryStoreBase
 from ._state import LaunchState, RunState, TaskState
 
 _STALE = LaunchCreateResult(status=LaunchCreateStatus.STALE)
-
-
-def _limit(value: object, name: str) -> int:
-    if type(value) is not int or value < 0:
-        raise InvalidStoreValueError(f"{name} must be a non-negative int", field=name)
-    return value
 
 
 class LaunchesMixin(MemoryStoreBase):
@@ -47,24 +48,14 @@ class LaunchesMixin(MemoryStoreBase):
         max_routing_bytes: int,
     ) -> PlanningSnapshot:
         with self._lock:
-            per_edge = _limit(max_outputs_per_edge, "max_outputs_per_edge")
-            total_limit = _limit(max_outputs_total, "max_outputs_total")
-            byte_limit = _limit(max_routing_bytes, "max_routing_bytes")
+            per_edge, total_limit, byte_limit = check_snapshot_limits(
+                max_outputs_per_edge, max_outputs_total, max_routing_bytes
+            )
             run = self._runs.get(run_id)
             if run is None:
                 raise InvalidStoreValueError(f"run {run_id!r} does not exist", field="run_id")
-            count = len(run.nodes)
-            if type(node_index) is not int or not 0 <= node_index < count:
-                raise InvalidStoreValueError(
-                    f"node index {node_index!r} is not a node of run {run_id!r}",
-                    field="node_index",
-                )
-            for name, source in source_indices.items():
-                if type(source) is not int or not 0 <= source < count:
-                    raise InvalidStoreValueError(
-                        f"edge {name!r} names an unknown source index {source!r}",
-                        field="source_indices",
-                    )
+            check_node_index(node_index, len(run.nodes), run_id)
+            check_snapshot_sources(source_indices, len(run.nodes))
             outputs_by_edge: dict[str, tuple[OutputRef, ...]] = {}
             dispositions: dict[str, NodeDisposition] = {}
             total = 0
@@ -117,14 +108,15 @@ class LaunchesMixin(MemoryStoreBase):
             if run is None or run.status is not RunStatus.RUNNING:
                 return _STALE
             plans = tuple(plans)
-            self._validate_launch(
-                run,
-                node_index,
+            check_node_index(node_index, len(run.nodes), run_id)
+            check_launch_request(
+                self._topology(run).nodes[node_index],
                 plugin_name=plugin_name,
                 token=snapshot_token,
                 plans=plans,
                 zero=zero_task_disposition,
                 error=error,
+                limits=self.limits,
             )
             generation = run.generations[node_index]
             # OR-19: a stale token wins over an existing launch.
@@ -138,11 +130,17 @@ class LaunchesMixin(MemoryStoreBase):
                     status=LaunchCreateStatus.ALREADY_EXISTS, launch=existing.view(run_id)
                 )
             # Plan contents are checked against the state the fresh token covers.
-            self._validate_plans(run, node_index, plans)
+            check_plans(
+                self._topology(run),
+                node_index,
+                generation,
+                plans,
+                published_by=lambda output_id: _published_by(run, output_id),
+            )
             launch_id = f"{run_id}:launch:{node_index}:{generation}"
             task_ids = tuple(f"{run_id}:{node_index}:{generation}:{n}" for n in range(len(plans)))
             disposition = NodeDisposition.LAUNCHED if plans else zero_task_disposition
-            assert disposition is not None  # checked by _validate_launch
+            assert disposition is not None  # checked by check_launch_request
             launch = LaunchState(
                 launch_id=launch_id,
                 node_index=node_index,
@@ -172,91 +170,6 @@ class LaunchesMixin(MemoryStoreBase):
             self._bump(run, node_index)
             return LaunchCreateResult(status=LaunchCreateStatus.CREATED, launch=launch.view(run_id))
 
-    def _validate_launch(
-        self,
-        run: RunState,
-        node_index: int,
-        *,
-        plugin_name: str,
-        token: str,
-        plans: tuple[TaskInputPlan, ...],
-        zero: NodeDisposition | None,
-        error: str,
-    ) -> None:
-        """OB-02: every check happens before any write."""
-        count = len(run.nodes)
-        if type(node_index) is not int or not 0 <= node_index < count:
-            raise InvalidStoreValueError(
-                f"node index {node_index!r} is not a node of run {run.run_id!r}",
-                field="node_index",
-            )
-        node = self._topology(run).nodes[node_index]
-        if plugin_name != node.plugin:
-            raise InvalidStoreValueError(
-                f"plugin {plugin_name!r} does not match node {node.slug!r} ({node.plugin!r})",
-                field="plugin_name",
-            )
-        if not isinstance(token, str) or not token:
-            raise InvalidStoreValueError("snapshot token must be a non-empty string", field="token")
-        if not isinstance(error, str):
-            raise InvalidStoreValueError("error must be a string", field="error")
-        limit = self.limits.max_task_plans_per_launch
-        if len(plans) > limit:
-            raise InvalidStoreValueError(
-                f"node {node.slug!r} launch has {len(plans)} task plans; maximum is {limit}",
-                field="plans",
-                limit=limit,
-            )
-        if plans:
-            if zero is not None:
-                raise InvalidStoreValueError(
-                    "a launch with plans takes no zero-task disposition",
-                    field="zero_task_disposition",
-                )
-            return
-        if zero is None or NodeDisposition(zero) is NodeDisposition.LAUNCHED:
-            raise InvalidStoreValueError(
-                "a launch without plans needs a zero-task disposition",
-                field="zero_task_disposition",
-            )
-        if NodeDisposition(zero) is NodeDisposition.FAILED and not error:
-            raise InvalidStoreValueError("a failed launch must carry an error", field="error")
-
-    def _validate_plans(
-        self, run: RunState, node_index: int, plans: tuple[TaskInputPlan, ...]
-    ) -> None:
-        topology = self._topology(run)
-        node = topology.nodes[node_index]
-        edge_sources = topology.source_indices(node_index)
-        generation = run.generations[node_index]
-        for position, plan in enumerate(plans):
-            if not isinstance(plan, TaskInputPlan):
-                raise InvalidStoreValueError(
-                    f"plan {position} is not a TaskInputPlan", field="plans"
-                )
-            if plan.generation != generation:
-                raise InvalidStoreValueError(
-                    f"plan {position} of node {node.slug!r} has generation {plan.generation}; "
-                    f"the node's generation is {generation}",
-                    field="plans",
-                )
-            for planned in plan.edges:
-                source = edge_sources.get(planned.edge)
-                if source is None or source != planned.source_index:
-                    raise InvalidStoreValueError(
-                        f"plan {position} edge {planned.edge!r} is not an edge of "
-                        f"node {node.slug!r} from source {planned.source_index}",
-                        field="plans",
-                    )
-                for output_id in planned.output_ids:
-                    output = run.outputs.get(output_id)
-                    if output is None or output.invalidated or output.node_index != source:
-                        raise InvalidStoreValueError(
-                            f"plan {position} edge {planned.edge!r} names output "
-                            f"{output_id!r}, which its source has not published",
-                            field="plans",
-                        )
-
     # -- outputs -------------------------------------------------------------------
 
     def resolve_outputs(
@@ -279,3 +192,9 @@ class LaunchesMixin(MemoryStoreBase):
             if run is None:
                 return ()
             return tuple(run.node_outputs.get(node_index, ()))
+
+
+def _published_by(run: RunState, output_id: str) -> int | None:
+    """The node whose valid output ``output_id`` is; ``None``: none."""
+    output = run.outputs.get(output_id)
+    return None if output is None or output.invalidated else output.node_index

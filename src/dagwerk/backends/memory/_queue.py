@@ -8,16 +8,15 @@ import uuid
 from collections.abc import Collection, Sequence
 from dataclasses import dataclass, replace
 
+from dagwerk.backends.requests import check_claim, check_string
 from dagwerk.constants import RunStatus, TaskStatus
 from dagwerk.store import (
     DeadLetter,
     Delivery,
-    InvalidStoreValueError,
     LeasedDelivery,
     TaskAttemptRef,
     TaskFailureResult,
     validate_plugin_names,
-    validate_queue_names,
     validate_run_preference,
     validate_seconds,
     validate_worker_id,
@@ -57,12 +56,7 @@ class QueueMixin(MemoryStoreBase):
         plugins: Collection[str] | None = None,
         prefer_run: str | None = None,
     ) -> list[LeasedDelivery]:
-        validate_worker_id(worker_id)
-        if type(limit) is not int or limit < 1:
-            raise InvalidStoreValueError("limit must be an int >= 1", field="limit")
-        lease = validate_seconds(lease_seconds, "lease_seconds", positive=True)
-        names = validate_queue_names(queues)
-        patience = validate_seconds(wait_seconds, "wait_seconds", positive=False)
+        lease, names, patience = check_claim(worker_id, limit, lease_seconds, queues, wait_seconds)
         served = validate_plugin_names(plugins)
         wanted = _RowFilter(
             None if names is None else frozenset(names),
@@ -141,8 +135,7 @@ class QueueMixin(MemoryStoreBase):
     ) -> bool:
         validate_worker_id(worker_id)
         wait = validate_seconds(delay, "delay", positive=False)
-        if not isinstance(reason, str):
-            raise InvalidStoreValueError("reason must be a string", field="reason")
+        check_string(reason, "reason")
         with self._lock:
             row = self._queue.get(delivery_id)
             if row is None or row.lease_owner != worker_id:

@@ -4,6 +4,14 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 
+from dagwerk.backends.requests import (
+    check_limit,
+    check_rerun_indices,
+    check_run_definition,
+    check_run_id,
+    check_string,
+    check_terminal_request,
+)
 from dagwerk.constants import (
     RUN_RETRYABLE_STATUSES,
     RUN_TERMINAL_STATUSES,
@@ -12,18 +20,14 @@ from dagwerk.constants import (
     RunStatus,
     TaskStatus,
 )
-from dagwerk.errors import JsonLimitError
-from dagwerk.json import bounded_json_size, freeze_object
 from dagwerk.models import DagNode
 from dagwerk.store import (
-    InvalidStoreValueError,
     NodeLaunchRef,
     RerunRefusedError,
     RunActivity,
     RunRecord,
     RunReopenResult,
     TaskAttemptRef,
-    validate_pipeline_name,
 )
 from dagwerk.topology import RunTopology
 from dagwerk.transitions import check_run_transition
@@ -50,32 +54,22 @@ class RunsMixin(MemoryStoreBase):
         ``start_run`` (OR-01), so an invalid graph can be stored but never starts.
         """
         with self._lock:
-            if not isinstance(run_id, str) or not run_id:
-                raise InvalidStoreValueError("run ID must be a non-empty string", field="run_id")
+            check_run_id(run_id)
             if run_id in self._runs:
                 return False
-            if isinstance(nodes, (str, bytes)) or not isinstance(nodes, Sequence):
-                raise InvalidStoreValueError("nodes must be a sequence of DagNode", field="nodes")
-            copies: list[DagNode] = []
-            for index, node in enumerate(nodes):
-                if not isinstance(node, DagNode):
-                    raise InvalidStoreValueError(
-                        f"node {index} is not a DagNode", field=f"nodes[{index}]"
-                    )
-                copies.append(node.model_copy(deep=True))
-            policy = FailurePolicy(failure_policy)
-            validate_pipeline_name(pipeline)
-            frozen = freeze_object(run_input)
-            limit = self.limits.max_run_input_bytes
-            if bounded_json_size(frozen, limit) > limit:
-                raise JsonLimitError(
-                    f"run input exceeds the {limit}-byte limit", field="run_input", limit=limit
-                )
+            definition = check_run_definition(
+                run_id,
+                nodes,
+                run_input=run_input,
+                failure_policy=failure_policy,
+                pipeline=pipeline,
+                limits=self.limits,
+            )
             self._runs[run_id] = RunState(
                 run_id=run_id,
-                nodes=tuple(copies),
-                run_input=frozen,
-                failure_policy=policy,
+                nodes=tuple(node.model_copy(deep=True) for node in definition.nodes),
+                run_input=definition.run_input,
+                failure_policy=definition.failure_policy,
                 created_at=float(self._clock()),
                 pipeline=pipeline,
             )
@@ -114,8 +108,7 @@ class RunsMixin(MemoryStoreBase):
             return None if run is None else _run_record(run)
 
     def list_runs(self, *, status: RunStatus | None = None, limit: int = 50) -> list[RunRecord]:
-        if type(limit) is not int or limit < 1:
-            raise InvalidStoreValueError("limit must be an int >= 1", field="limit")
+        check_limit(limit)
         wanted = None if status is None else RunStatus(status)
         with self._lock:
             found: list[RunRecord] = []
@@ -179,23 +172,7 @@ class RunsMixin(MemoryStoreBase):
         reason: str | None = None,
     ) -> bool:
         with self._lock:
-            status = _terminal_status(status)
-            if cause is not None and reason is not None:
-                raise InvalidStoreValueError(
-                    "a terminal transition takes a cause or a reason, not both", field="cause"
-                )
-            if status is RunStatus.COMPLETED and (cause is not None or reason is not None):
-                raise InvalidStoreValueError(
-                    "run completion takes no cause or reason", field="cause"
-                )
-            if cause is not None and not isinstance(cause, (TaskAttemptRef, NodeLaunchRef)):
-                raise InvalidStoreValueError(
-                    "cause must be a TaskAttemptRef or NodeLaunchRef", field="cause"
-                )
-            if cause is not None and status is RunStatus.CANCELLED:
-                raise InvalidStoreValueError("cancellation takes no cause", field="cause")
-            if reason is not None and not isinstance(reason, str):
-                raise InvalidStoreValueError("reason must be a string", field="reason")
+            status = check_terminal_request(status, cause, reason)
             run = self._runs.get(run_id)
             if run is None or run.status in RUN_TERMINAL_STATUSES:
                 return False
@@ -215,8 +192,8 @@ class RunsMixin(MemoryStoreBase):
 
     def try_cancel_run(self, run_id: str, reason: str | None = None) -> bool:
         with self._lock:
-            if reason is not None and not isinstance(reason, str):
-                raise InvalidStoreValueError("reason must be a string", field="reason")
+            if reason is not None:
+                check_string(reason, "reason")
             run = self._runs.get(run_id)
             if run is None or run.status not in (RunStatus.PENDING, RunStatus.RUNNING):
                 return False
@@ -321,9 +298,8 @@ class RunsMixin(MemoryStoreBase):
             run = self._runs.get(run_id)
             if run is None or run.status is RunStatus.PENDING:
                 return None
-            count = len(run.nodes)
-            indices = tuple(node_indices)
-            if not indices or any(type(i) is not int or not 0 <= i < count for i in indices):
+            indices = check_rerun_indices(node_indices, len(run.nodes))
+            if indices is None:
                 return None
             affected = sorted(self._topology(run).downstream_closure(list(indices)))
             for index in affected:
@@ -384,12 +360,3 @@ def _run_record(run: RunState) -> RunRecord:
         pipeline=run.pipeline,
     )
 
-
-def _terminal_status(status: object) -> RunStatus:
-    try:
-        value = RunStatus(status)  # type: ignore[arg-type]
-    except ValueError:
-        raise InvalidStoreValueError(f"unknown run status {status!r}", field="status") from None
-    if value not in RUN_TERMINAL_STATUSES:
-        raise InvalidStoreValueError(f"run status {value.value!r} is not terminal", field="status")
-    return value

@@ -3,6 +3,7 @@ resume, recover and task retry, plus the task and outbox views."""
 
 from __future__ import annotations
 
+from dagwerk.backends.requests import check_string
 from dagwerk.constants import RunStatus, TaskStatus
 from dagwerk.errors import PlanningError
 from dagwerk.json import JsonValue, bounded_json_size, freeze_json
@@ -11,7 +12,6 @@ from dagwerk.planning import correlation_id_for_output
 from dagwerk.store import (
     AttemptRecord,
     Delivery,
-    InvalidStoreValueError,
     OutputPublicationError,
     TaskClaimResult,
     TaskCompletionResult,
@@ -283,8 +283,7 @@ class TasksMixin(MemoryStoreBase):
         self, task_id: str, error: str, expected_attempt_id: str, status: TaskStatus
     ) -> TaskFailureResult | None:
         with self._lock:
-            if not isinstance(error, str):
-                raise InvalidStoreValueError("error must be a string", field="error")
+            check_string(error, "error")
             task = self._tasks.get(task_id)
             if task is None:
                 return None
@@ -347,8 +346,7 @@ class TasksMixin(MemoryStoreBase):
     def try_fail_task_with_retry(
         self, task_id: str, error: str, *, expected_attempt_id: str, available_at: float
     ) -> str | None:
-        if not isinstance(error, str):
-            raise InvalidStoreValueError("error must be a string", field="error")
+        check_string(error, "error")
         when = validate_seconds(available_at, "available_at", positive=False)
         with self._lock:
             found = self._current_running(task_id, expected_attempt_id)

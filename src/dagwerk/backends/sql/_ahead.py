@@ -26,11 +26,12 @@ from collections.abc import Collection, Sequence
 from dataclasses import dataclass, field
 from typing import Any, cast
 
+from dagwerk.backends.requests import check_claim
 from dagwerk.constants import TaskStatus
 from dagwerk.store import LeasedDelivery
 
 from ._base import SqlStoreBase, queued_task_row
-from ._queue import RowFilter, validate_claim
+from ._queue import RowFilter
 from .gateway import Tx
 
 __all__ = ["ClaimAheadMixin", "ClaimIntent", "Preclaimed"]
@@ -83,7 +84,7 @@ class ClaimAheadMixin(SqlStoreBase):
         serial = self._gw.unit_serial()
         if serial is None or not self._gw.serialises_writers:
             return False
-        lease, names, _ = validate_claim(worker_id, limit, lease_seconds, queues, 0.0)
+        lease, names, _ = check_claim(worker_id, limit, lease_seconds, queues, 0.0)
         if names == []:
             return False
         wanted = RowFilter.of(names, plugins, None)

@@ -20,11 +20,12 @@ from contextlib import suppress
 from typing import Any, NamedTuple
 
 from dagwerk._fifo import FifoCache
+from dagwerk.backends.requests import check_store_settings
 from dagwerk.constants import FailurePolicy, RunStatus, TaskStatus
 from dagwerk.json import FrozenDict, JsonValue, freeze_json, freeze_object, thaw_json
 from dagwerk.limits import DEFAULT_LIMITS, Limits
 from dagwerk.models import DagNode, EmittedOutput
-from dagwerk.store import InvalidStoreValueError, StoreContractError, TaskAttemptRef
+from dagwerk.store import StoreContractError, TaskAttemptRef
 from dagwerk.topology import RunTopology
 from dagwerk.transitions import check_task_transition
 
@@ -122,14 +123,7 @@ class SqlStoreBase:
         default_queue: str = "default",
         default_priority: int = 0,
     ) -> None:
-        if type(max_deliveries) is not int or max_deliveries < 1:
-            raise InvalidStoreValueError(
-                "max_deliveries must be an int >= 1", field="max_deliveries"
-            )
-        if not isinstance(default_queue, str) or not default_queue:
-            raise InvalidStoreValueError("queue must be a non-empty string", field="default_queue")
-        if type(default_priority) is not int:
-            raise InvalidStoreValueError("priority must be an int", field="default_priority")
+        check_store_settings(max_deliveries, default_queue, default_priority)
         self.limits: Limits = limits if limits is not None else DEFAULT_LIMITS
         self.max_deliveries = max_deliveries
         self.default_queue = default_queue

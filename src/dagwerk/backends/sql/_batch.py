@@ -24,6 +24,7 @@ from functools import partial
 from typing import Any, TypeVar
 
 from dagwerk.backends.errors import StoreBusyError, StoreUnavailableError
+from dagwerk.backends.requests import check_claim
 from dagwerk.constants import TaskStatus
 from dagwerk.errors import DagwerkError
 from dagwerk.models import EmittedOutput
@@ -40,7 +41,7 @@ from dagwerk.store import (
 from dagwerk.transitions import check_task_transition
 
 from ._ahead import ClaimAheadMixin, Preclaimed
-from ._queue import QueueMixin, RowFilter, validate_claim
+from ._queue import QueueMixin, RowFilter
 from ._tasks import OutputTexts, TasksMixin, completion_result, output_texts, task_record
 from .gateway import Row, Tx
 
@@ -72,7 +73,7 @@ class BatchMixin(TasksMixin, QueueMixin, ClaimAheadMixin):
             if self._claim_intents:
                 # Checked before anything claimed is taken (no read of the
                 # queue, which checks them too, may follow).
-                validate_claim(worker_id, limit, lease_seconds, queues, wait_seconds)
+                check_claim(worker_id, limit, lease_seconds, queues, wait_seconds)
                 RowFilter.of(None, plugins, prefer_run)
             pre = self._take_preclaimed(worker_id, limit)
             claims: list[Row | None] = []

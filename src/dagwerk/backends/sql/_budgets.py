@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 
+from dagwerk.backends.requests import check_admission, check_budget
 from dagwerk.budgets import (
     AccountUsage,
     Admission,
@@ -28,12 +29,6 @@ from dagwerk.store import InvalidStoreValueError
 
 from ._base import SqlStoreBase
 from .gateway import Row, Tx
-
-
-def check_budget(budget: object) -> Budget | None:
-    if budget is not None and not isinstance(budget, Budget):
-        raise InvalidStoreValueError("budget must be a Budget", field="budget")
-    return budget
 
 
 def _usage(row: Row) -> AccountUsage:
@@ -99,8 +94,7 @@ class BudgetsMixin(SqlStoreBase):
     # -- protocol ----------------------------------------------------------------
 
     def try_set_run_budget(self, run_id: str, budget: Budget) -> bool:
-        if not isinstance(budget, Budget):
-            raise InvalidStoreValueError("budget must be a Budget", field="budget")
+        check_budget(budget, optional=False)
         if budget.is_empty():
             return False
         with self._gw.write() as tx:
@@ -126,10 +120,7 @@ class BudgetsMixin(SqlStoreBase):
         input_bytes: int,
         cost_units: int | None,
     ) -> Admission:
-        if type(input_bytes) is not int or input_bytes < 0:
-            raise InvalidStoreValueError("input_bytes must be an int >= 0", field="input_bytes")
-        if cost_units is not None and (type(cost_units) is not int or cost_units < 0):
-            raise InvalidStoreValueError("cost_units must be an int >= 0", field="cost_units")
+        check_admission(input_bytes, cost_units)
         with self._gw.write() as tx:
             task = self._current(tx, task_id, expected_attempt_id, TaskStatus.RUNNING, None)
             if task is None:

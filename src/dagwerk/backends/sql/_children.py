@@ -11,25 +11,23 @@ from __future__ import annotations
 import json
 from collections.abc import Mapping, Sequence
 
+from dagwerk.backends.requests import (
+    check_budget,
+    check_child_link,
+    check_run_definition,
+    check_wait_link,
+)
 from dagwerk.budgets import Budget
 from dagwerk.constants import FailurePolicy, RunStatus, TaskStatus
-from dagwerk.errors import DagwerkError, JsonLimitError
-from dagwerk.json import bounded_json_size, freeze_json, freeze_object
+from dagwerk.errors import DagwerkError
+from dagwerk.json import freeze_json
 from dagwerk.lineage import RunLink, child_result_payload, sink_indices
 from dagwerk.models import DagNode
 from dagwerk.store import InvalidStoreValueError, TaskWaitResult, validate_wait_id
 
 from ._base import dumps, loads_value
-from ._budgets import BudgetsMixin, check_budget
+from ._budgets import BudgetsMixin
 from .gateway import Row, Tx
-
-
-def _check_link(link: object, run_id: object) -> RunLink:
-    if not isinstance(link, RunLink):
-        raise InvalidStoreValueError("link must be a RunLink", field="link")
-    if link.run_id != run_id:
-        raise InvalidStoreValueError("link.run_id must name the child run", field="link")
-    return link
 
 
 def _link(row: Row) -> RunLink:
@@ -54,12 +52,8 @@ class ChildrenMixin(BudgetsMixin):
         failure_policy: FailurePolicy | str = FailurePolicy.FAIL_FAST,
         budget: Budget | None = None,
     ) -> bool:
-        _check_link(link, run_id)
-        if link.wait_id is not None:
-            raise InvalidStoreValueError(
-                "create_child_run stores no wait; use try_wait_for_child", field="link"
-            )
-        check_budget(budget)
+        check_child_link(link, run_id)
+        check_budget(budget, optional=True)
         dumped = self._child_definition(run_id, nodes, run_input, failure_policy)
         with self._gw.write() as tx:
             if tx.one("run_status", {"run_id": run_id}) is not None:
@@ -78,29 +72,20 @@ class ChildrenMixin(BudgetsMixin):
     ) -> dict[str, object]:
         """Validate the definition exactly like ``create_run`` does; the insert
         parameters of the run row."""
-        if not isinstance(run_id, str) or not run_id:
-            raise InvalidStoreValueError("run ID must be a non-empty string", field="run_id")
-        if isinstance(nodes, (str, bytes)) or not isinstance(nodes, Sequence):
-            raise InvalidStoreValueError("nodes must be a sequence of DagNode", field="nodes")
-        dumped: list[object] = []
-        for index, node in enumerate(nodes):
-            if not isinstance(node, DagNode):
-                raise InvalidStoreValueError(
-                    f"node {index} is not a DagNode", field=f"nodes[{index}]"
-                )
-            dumped.append(node.model_dump(mode="json"))
-        policy = FailurePolicy(failure_policy)
-        frozen = freeze_object(run_input)
-        limit = self.limits.max_run_input_bytes
-        if bounded_json_size(frozen, limit) > limit:
-            raise JsonLimitError(
-                f"run input exceeds the {limit}-byte limit", field="run_input", limit=limit
-            )
+        definition = check_run_definition(
+            run_id,
+            nodes,
+            run_input=run_input,
+            failure_policy=failure_policy,
+            pipeline=None,
+            limits=self.limits,
+        )
+        dumped = [node.model_dump(mode="json") for node in definition.nodes]
         return {
             "run_id": run_id,
             "nodes": json.dumps(dumped, separators=(",", ":")),
-            "run_input": dumps(frozen),
-            "failure_policy": policy.value,
+            "run_input": dumps(definition.run_input),
+            "failure_policy": definition.failure_policy.value,
             "node_count": len(dumped),
             "queue": self.default_queue,
             "priority": self.default_priority,
@@ -142,10 +127,9 @@ class ChildrenMixin(BudgetsMixin):
         failure_policy: FailurePolicy | str = FailurePolicy.FAIL_FAST,
         budget: Budget | None = None,
     ) -> TaskWaitResult | None:
-        if not isinstance(link, RunLink) or link.wait_id is None:
-            raise InvalidStoreValueError("link must be a RunLink with a wait ID", field="link")
-        validate_wait_id(link.wait_id)
-        check_budget(budget)
+        wait_id = check_wait_link(link)
+        validate_wait_id(wait_id)
+        check_budget(budget, optional=True)
         prepared = self._child_definition(link.run_id, nodes, run_input, failure_policy)
         with self._gw.write() as tx:
             task = self._current(
@@ -186,7 +170,7 @@ class ChildrenMixin(BudgetsMixin):
                 run_id=task["run_id"],
                 node_index=task["node_index"],
                 generation=expected_generation,
-                wait_id=link.wait_id,
+                wait_id=wait_id,
             )
 
     def get_run_link(self, run_id: str) -> RunLink | None:

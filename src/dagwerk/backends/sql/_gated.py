@@ -5,23 +5,18 @@ from __future__ import annotations
 import json
 from collections.abc import Mapping
 
+from dagwerk.backends.requests import check_name, check_stall
 from dagwerk.constants import RunStatus
-from dagwerk.store import InvalidStoreValueError, QueueStats, StallRecord, validate_seconds
+from dagwerk.store import QueueStats, StallRecord, validate_seconds
 
 from ._base import SqlStoreBase
-
-
-def _check_name(value: object, name: str) -> str:
-    if not isinstance(value, str) or not value:
-        raise InvalidStoreValueError(f"{name} must be a non-empty string", field=name)
-    return value
 
 
 class GatedMixin(SqlStoreBase):
     # Wait ages count from dagwerk_waits.waited_at.
     def try_acquire_lease(self, name: str, holder: str, seconds: float) -> bool:
-        _check_name(name, "name")
-        _check_name(holder, "holder")
+        check_name(name, "name")
+        check_name(holder, "holder")
         span = validate_seconds(seconds, "seconds", positive=True)
         with self._gw.write() as tx:
             now = self._now()
@@ -73,12 +68,7 @@ class GatedMixin(SqlStoreBase):
             return tx.one("gated_live_node", {"run_id": run_id}) is not None
 
     def try_record_stall(self, run_id: str, reason: str, held_nodes: tuple[int, ...]) -> bool:
-        _check_name(run_id, "run_id")
-        if not isinstance(reason, str):
-            raise InvalidStoreValueError("reason must be a string", field="reason")
-        held = sorted(set(held_nodes))
-        if any(type(index) is not int or index < 0 for index in held):
-            raise InvalidStoreValueError("held_nodes must be node indices", field="held_nodes")
+        held = check_stall(run_id, reason, held_nodes)
         params = {
             "run_id": run_id,
             "reason": reason,

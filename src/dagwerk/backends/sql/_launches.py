@@ -6,6 +6,14 @@ import json
 from collections.abc import Mapping
 
 from dagwerk._trusted import trusted_model
+from dagwerk.backends.requests import (
+    check_launch_request,
+    check_node_index,
+    check_plans,
+    check_snapshot_limits,
+    check_snapshot_sources,
+    requested_outputs,
+)
 from dagwerk.constants import LaunchCreateStatus, NodeDisposition, RunStatus, TaskStatus
 from dagwerk.json import ReadOnlyDict
 from dagwerk.models import (
@@ -27,12 +35,6 @@ _STALE = LaunchCreateResult(status=LaunchCreateStatus.STALE)
 _SLICE = 250
 """Task rows per slice of a launch's inserts where the gateway sends writes
 without waiting (see ``_create_launch``)."""
-
-
-def _limit(value: object, name: str) -> int:
-    if type(value) is not int or value < 0:
-        raise InvalidStoreValueError(f"{name} must be a non-negative int", field=name)
-    return value
 
 
 class LaunchesMixin(ClaimAheadMixin):
@@ -97,9 +99,9 @@ class LaunchesMixin(ClaimAheadMixin):
         max_outputs_total: int,
         max_routing_bytes: int,
     ) -> PlanningSnapshot:
-        per_edge = _limit(max_outputs_per_edge, "max_outputs_per_edge")
-        total_limit = _limit(max_outputs_total, "max_outputs_total")
-        byte_limit = _limit(max_routing_bytes, "max_routing_bytes")
+        per_edge, total_limit, byte_limit = check_snapshot_limits(
+            max_outputs_per_edge, max_outputs_total, max_routing_bytes
+        )
         with self._gw.read() as tx:
             # A frontier just read needs no run read (once the run's topology
             # is cached: otherwise the run's node definitions are read).
@@ -107,18 +109,8 @@ class LaunchesMixin(ClaimAheadMixin):
             run = self._run_head(tx, run_id) if fresh is None else fresh.run
             if run is None:
                 raise InvalidStoreValueError(f"run {run_id!r} does not exist", field="run_id")
-            count = run["node_count"]
-            if type(node_index) is not int or not 0 <= node_index < count:
-                raise InvalidStoreValueError(
-                    f"node index {node_index!r} is not a node of run {run_id!r}",
-                    field="node_index",
-                )
-            for name, source in source_indices.items():
-                if type(source) is not int or not 0 <= source < count:
-                    raise InvalidStoreValueError(
-                        f"edge {name!r} names an unknown source index {source!r}",
-                        field="source_indices",
-                    )
+            check_node_index(node_index, run["node_count"], run_id)
+            check_snapshot_sources(source_indices, run["node_count"])
             # Only the sources' launches: reading every launch of the run made
             # each launch O(nodes).
             sources = sorted(set(source_indices.values()))
@@ -240,14 +232,15 @@ class LaunchesMixin(ClaimAheadMixin):
             token, generation = "", -1
         if run is None or run["status"] != RunStatus.RUNNING.value:
             return _STALE
-        self._validate_launch(
-            run,
-            node_index,
+        check_node_index(node_index, run["node_count"], run_id)
+        check_launch_request(
+            self._topology(run).nodes[node_index],
             plugin_name=plugin_name,
             token=snapshot_token,
             plans=plans,
             zero=zero_task_disposition,
             error=error,
+            limits=self.limits,
         )
         if generation < 0:
             token, generation = self._token_and_generation(tx, run, node_index)
@@ -276,7 +269,7 @@ class LaunchesMixin(ClaimAheadMixin):
         self._validate_plans(tx, run, node_index, generation, plans, known=published)
         launch_id = f"{run_id}:launch:{node_index}:{generation}"
         disposition = NodeDisposition.LAUNCHED if plans else zero_task_disposition
-        assert disposition is not None  # checked by _validate_launch
+        assert disposition is not None  # checked by check_launch_request
         launch: dict[str, object] = {
             "launch_id": launch_id,
             "run_id": run_id,
@@ -349,56 +342,6 @@ class LaunchesMixin(ClaimAheadMixin):
             LaunchCreateResult, {"status": LaunchCreateStatus.CREATED, "launch": view}
         )
 
-    def _validate_launch(
-        self,
-        run: Row,
-        node_index: int,
-        *,
-        plugin_name: str,
-        token: str,
-        plans: tuple[TaskInputPlan, ...],
-        zero: NodeDisposition | None,
-        error: str,
-    ) -> None:
-        """OB-02: every check happens before any write."""
-        count = run["node_count"]
-        if type(node_index) is not int or not 0 <= node_index < count:
-            raise InvalidStoreValueError(
-                f"node index {node_index!r} is not a node of run {run['run_id']!r}",
-                field="node_index",
-            )
-        node = self._topology(run).nodes[node_index]
-        if plugin_name != node.plugin:
-            raise InvalidStoreValueError(
-                f"plugin {plugin_name!r} does not match node {node.slug!r} ({node.plugin!r})",
-                field="plugin_name",
-            )
-        if not isinstance(token, str) or not token:
-            raise InvalidStoreValueError("snapshot token must be a non-empty string", field="token")
-        if not isinstance(error, str):
-            raise InvalidStoreValueError("error must be a string", field="error")
-        limit = self.limits.max_task_plans_per_launch
-        if len(plans) > limit:
-            raise InvalidStoreValueError(
-                f"node {node.slug!r} launch has {len(plans)} task plans; maximum is {limit}",
-                field="plans",
-                limit=limit,
-            )
-        if plans:
-            if zero is not None:
-                raise InvalidStoreValueError(
-                    "a launch with plans takes no zero-task disposition",
-                    field="zero_task_disposition",
-                )
-            return
-        if zero is None or NodeDisposition(zero) is NodeDisposition.LAUNCHED:
-            raise InvalidStoreValueError(
-                "a launch without plans needs a zero-task disposition",
-                field="zero_task_disposition",
-            )
-        if NodeDisposition(zero) is NodeDisposition.FAILED and not error:
-            raise InvalidStoreValueError("a failed launch must carry an error", field="error")
-
     def _validate_plans(
         self,
         tx: Tx,
@@ -412,17 +355,7 @@ class LaunchesMixin(ClaimAheadMixin):
         """Check the plans against the node's edges and generation and the
         outputs they name; ``known`` maps output IDs to their node for
         outputs already read in this transaction with no write since."""
-        topology = self._topology(run)
-        node = topology.nodes[node_index]
-        edge_sources = topology.source_indices(node_index)
-        wanted: set[str] = set()
-        for position, plan in enumerate(plans):
-            if not isinstance(plan, TaskInputPlan):
-                raise InvalidStoreValueError(
-                    f"plan {position} is not a TaskInputPlan", field="plans"
-                )
-            for planned in plan.edges:
-                wanted.update(planned.output_ids)
+        wanted = requested_outputs(plans)
         # One query for every referenced output, not one per plan.
         published = known
         if not wanted <= known.keys():
@@ -433,28 +366,9 @@ class LaunchesMixin(ClaimAheadMixin):
                     {"run_id": run["run_id"], "ids": json.dumps(sorted(wanted))},
                 )
             }
-        for position, plan in enumerate(plans):
-            if plan.generation != generation:
-                raise InvalidStoreValueError(
-                    f"plan {position} of node {node.slug!r} has generation {plan.generation}; "
-                    f"the node's generation is {generation}",
-                    field="plans",
-                )
-            for planned in plan.edges:
-                source = edge_sources.get(planned.edge)
-                if source is None or source != planned.source_index:
-                    raise InvalidStoreValueError(
-                        f"plan {position} edge {planned.edge!r} is not an edge of "
-                        f"node {node.slug!r} from source {planned.source_index}",
-                        field="plans",
-                    )
-                for output_id in planned.output_ids:
-                    if published.get(output_id) != source:
-                        raise InvalidStoreValueError(
-                            f"plan {position} edge {planned.edge!r} names output "
-                            f"{output_id!r}, which its source has not published",
-                            field="plans",
-                        )
+        check_plans(
+            self._topology(run), node_index, generation, plans, published_by=published.get
+        )
 
     # -- outputs ------------------------------------------------------------------------
 

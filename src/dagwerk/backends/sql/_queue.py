@@ -14,14 +14,13 @@ from contextlib import suppress
 from dataclasses import dataclass
 
 from dagwerk.backends.errors import StoreBusyError, StoreUnavailableError
+from dagwerk.backends.requests import check_claim, check_string
 from dagwerk.constants import TaskStatus
 from dagwerk.store import (
     DeadLetter,
-    InvalidStoreValueError,
     LeasedDelivery,
     TaskAttemptRef,
     validate_plugin_names,
-    validate_queue_names,
     validate_run_preference,
     validate_seconds,
     validate_worker_id,
@@ -73,7 +72,7 @@ class QueueMixin(SqlStoreBase):
         appended to ``claims`` (see :meth:`_lease`). ``record_worker=False``:
         the leases do not record the worker on the tasks; the caller's claim
         of the same rows does."""
-        lease, names, patience = validate_claim(
+        lease, names, patience = check_claim(
             worker_id, limit, lease_seconds, queues, wait_seconds
         )
         if names == []:
@@ -382,8 +381,7 @@ class QueueMixin(SqlStoreBase):
     ) -> bool:
         validate_worker_id(worker_id)
         wait = validate_seconds(delay, "delay", positive=False)
-        if not isinstance(reason, str):
-            raise InvalidStoreValueError("reason must be a string", field="reason")
+        check_string(reason, "reason")
         with self._gw.write() as tx:
             row = tx.one("queue_get", {"delivery_id": delivery_id})
             if row is None or row["lease_owner"] != worker_id:
@@ -494,23 +492,6 @@ class RowFilter:
 
     def params(self, run_id: str | None) -> dict[str, object]:
         return {"queues": self.queues, "plugins": self.plugins, "run_id": run_id}
-
-
-def validate_claim(
-    worker_id: str,
-    limit: int,
-    lease_seconds: float,
-    queues: Sequence[str] | None,
-    wait_seconds: float,
-) -> tuple[float, list[str] | None, float]:
-    """The arguments of a dequeue or claim checked: the lease, the queue
-    names (``None``: any) and the wait, or InvalidStoreValueError."""
-    validate_worker_id(worker_id)
-    if type(limit) is not int or limit < 1:
-        raise InvalidStoreValueError("limit must be an int >= 1", field="limit")
-    lease = validate_seconds(lease_seconds, "lease_seconds", positive=True)
-    names = validate_queue_names(queues)
-    return lease, names, validate_seconds(wait_seconds, "wait_seconds", positive=False)
 
 
 def _leased(row: Row, worker_id: str, expires: float) -> LeasedDelivery:

@@ -5,6 +5,13 @@ from __future__ import annotations
 import json
 from collections.abc import Mapping, Sequence
 
+from dagwerk.backends.requests import (
+    check_limit,
+    check_rerun_indices,
+    check_run_definition,
+    check_string,
+    check_terminal_request,
+)
 from dagwerk.constants import (
     RUN_RETRYABLE_STATUSES,
     RUN_TERMINAL_STATUSES,
@@ -13,18 +20,14 @@ from dagwerk.constants import (
     RunStatus,
     TaskStatus,
 )
-from dagwerk.errors import JsonLimitError
-from dagwerk.json import bounded_json_size, freeze_object
 from dagwerk.models import DagNode
 from dagwerk.store import (
-    InvalidStoreValueError,
     NodeLaunchRef,
     RerunRefusedError,
     RunActivity,
     RunRecord,
     RunReopenResult,
     TaskAttemptRef,
-    validate_pipeline_name,
 )
 from dagwerk.topology import RunTopology
 from dagwerk.transitions import check_run_transition, check_task_transition
@@ -54,33 +57,23 @@ class RunsMixin(SqlStoreBase):
         False (no change) if the id exists. The graph itself is validated by
         ``start_run`` (OR-01), so an invalid graph can be stored but never starts.
         """
-        if not isinstance(run_id, str) or not run_id:
-            raise InvalidStoreValueError("run ID must be a non-empty string", field="run_id")
-        if isinstance(nodes, (str, bytes)) or not isinstance(nodes, Sequence):
-            raise InvalidStoreValueError("nodes must be a sequence of DagNode", field="nodes")
-        dumped: list[object] = []
-        for index, node in enumerate(nodes):
-            if not isinstance(node, DagNode):
-                raise InvalidStoreValueError(
-                    f"node {index} is not a DagNode", field=f"nodes[{index}]"
-                )
-            dumped.append(node.model_dump(mode="json"))
-        policy = FailurePolicy(failure_policy)
-        validate_pipeline_name(pipeline)
-        frozen = freeze_object(run_input)
-        limit = self.limits.max_run_input_bytes
-        if bounded_json_size(frozen, limit) > limit:
-            raise JsonLimitError(
-                f"run input exceeds the {limit}-byte limit", field="run_input", limit=limit
-            )
+        definition = check_run_definition(
+            run_id,
+            nodes,
+            run_input=run_input,
+            failure_policy=failure_policy,
+            pipeline=pipeline,
+            limits=self.limits,
+        )
+        dumped = [node.model_dump(mode="json") for node in definition.nodes]
         with self._gw.write() as tx:
             inserted = tx.run(
                 "run_insert",
                 {
                     "run_id": run_id,
                     "nodes": json.dumps(dumped, separators=(",", ":")),
-                    "run_input": dumps(frozen),
-                    "failure_policy": policy.value,
+                    "run_input": dumps(definition.run_input),
+                    "failure_policy": definition.failure_policy.value,
                     "node_count": len(dumped),
                     "queue": self.default_queue,
                     "priority": self.default_priority,
@@ -145,8 +138,7 @@ class RunsMixin(SqlStoreBase):
             return None if row is None else _run_record(row)
 
     def list_runs(self, *, status: RunStatus | None = None, limit: int = 50) -> list[RunRecord]:
-        if type(limit) is not int or limit < 1:
-            raise InvalidStoreValueError("limit must be an int >= 1", field="limit")
+        check_limit(limit)
         wanted = None if status is None else RunStatus(status).value
         with self._gw.read() as tx:
             rows = tx.all("runs_list", {"status": wanted, "limit": limit})
@@ -208,21 +200,7 @@ class RunsMixin(SqlStoreBase):
         cause: TaskAttemptRef | NodeLaunchRef | None = None,
         reason: str | None = None,
     ) -> bool:
-        status = _terminal_status(status)
-        if cause is not None and reason is not None:
-            raise InvalidStoreValueError(
-                "a terminal transition takes a cause or a reason, not both", field="cause"
-            )
-        if status is RunStatus.COMPLETED and (cause is not None or reason is not None):
-            raise InvalidStoreValueError("run completion takes no cause or reason", field="cause")
-        if cause is not None and not isinstance(cause, (TaskAttemptRef, NodeLaunchRef)):
-            raise InvalidStoreValueError(
-                "cause must be a TaskAttemptRef or NodeLaunchRef", field="cause"
-            )
-        if cause is not None and status is RunStatus.CANCELLED:
-            raise InvalidStoreValueError("cancellation takes no cause", field="cause")
-        if reason is not None and not isinstance(reason, str):
-            raise InvalidStoreValueError("reason must be a string", field="reason")
+        status = check_terminal_request(status, cause, reason)
         with self._gw.write() as tx:
             run = tx.one("run_get", {"run_id": run_id})
             if run is None or RunStatus(run["status"]) in RUN_TERMINAL_STATUSES:
@@ -242,8 +220,8 @@ class RunsMixin(SqlStoreBase):
             return True
 
     def try_cancel_run(self, run_id: str, reason: str | None = None) -> bool:
-        if reason is not None and not isinstance(reason, str):
-            raise InvalidStoreValueError("reason must be a string", field="reason")
+        if reason is not None:
+            check_string(reason, "reason")
         with self._gw.write() as tx:
             run = tx.one("run_get", {"run_id": run_id})
             if run is None or run["status"] not in ("pending", "running"):
@@ -372,13 +350,12 @@ class RunsMixin(SqlStoreBase):
             )
 
     def try_rerun_nodes(self, run_id: str, node_indices: tuple[int, ...]) -> RunReopenResult | None:
-        indices = tuple(node_indices)
         with self._gw.write() as tx:
             run = tx.one("run_get", {"run_id": run_id})
             if run is None or run["status"] == RunStatus.PENDING.value:
                 return None
-            count = run["node_count"]
-            if not indices or any(type(i) is not int or not 0 <= i < count for i in indices):
+            indices = check_rerun_indices(node_indices, run["node_count"])
+            if indices is None:
                 return None
             affected = sorted(self._topology(run).downstream_closure(list(indices)))
             running = tx.all(
@@ -441,12 +418,3 @@ def _complete(launch: Row) -> bool:
         or launch["completed"] == launch["task_count"]
     )
 
-
-def _terminal_status(status: object) -> RunStatus:
-    try:
-        value = RunStatus(status)  # type: ignore[arg-type]
-    except ValueError:
-        raise InvalidStoreValueError(f"unknown run status {status!r}", field="status") from None
-    if value not in RUN_TERMINAL_STATUSES:
-        raise InvalidStoreValueError(f"run status {value.value!r} is not terminal", field="status")
-    return value

@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 from collections.abc import Iterable, Mapping
 
+from dagwerk.backends.requests import check_string
 from dagwerk.constants import TaskStatus
 from dagwerk.errors import DagwerkError, PlanningError
 from dagwerk.json import bounded_json_size
@@ -14,7 +15,6 @@ from dagwerk.planning import correlation_id_for_output
 from dagwerk.store import (
     AttemptRecord,
     Delivery,
-    InvalidStoreValueError,
     OutputPublicationError,
     TaskClaimResult,
     TaskCompletionResult,
@@ -374,8 +374,7 @@ class TasksMixin(SqlStoreBase):
     def _mark(
         self, task_id: str, error: str, expected_attempt_id: str, status: TaskStatus
     ) -> TaskFailureResult | None:
-        if not isinstance(error, str):
-            raise InvalidStoreValueError("error must be a string", field="error")
+        check_string(error, "error")
         with self._gw.write() as tx:
             task = self._task(tx, task_id)
             if task is None:
@@ -430,8 +429,7 @@ class TasksMixin(SqlStoreBase):
     def try_fail_task_with_retry(
         self, task_id: str, error: str, *, expected_attempt_id: str, available_at: float
     ) -> str | None:
-        if not isinstance(error, str):
-            raise InvalidStoreValueError("error must be a string", field="error")
+        check_string(error, "error")
         when = validate_seconds(available_at, "available_at", positive=False)
         with self._gw.write() as tx:
             task = self._current(tx, task_id, expected_attempt_id, TaskStatus.RUNNING, None)
