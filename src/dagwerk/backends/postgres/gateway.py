@@ -46,6 +46,7 @@ __all__ = [
     "QUERIES_PATH",
     "SET_WRITES",
     "PostgresGateway",
+    "PostgresTx",
     "Statement",
     "parse_block",
 ]
@@ -470,6 +471,10 @@ class _Tx:
 def _checked(statement: Statement, row: Params) -> Params:
     check_params(statement.name, row, statement.json_params)
     return row
+
+
+PostgresTx = _Tx
+"""The transaction ``PostgresGateway.write()`` and ``read()`` open."""
 
 
 class PostgresGateway(Gateway):

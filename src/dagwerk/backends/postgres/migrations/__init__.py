@@ -1,4 +1,5 @@
-"""Numbered schema migrations (``NNNN_name.sql``) and the forward migrator.
+"""The PostgreSQL schema's numbered migrations (``NNNN_name.sql`` in this
+folder) and its forward migrator (:mod:`dagwerk.backends.sql.migrations`).
 
 Every worker migrates when it opens the store, so several may try at once:
 the migrating transaction first takes a transaction-level advisory lock
@@ -9,33 +10,16 @@ PostgreSQL DDL is transactional, so a migration applies whole or not at all.
 
 from __future__ import annotations
 
-import re
 from pathlib import Path
 
 from dagwerk.backends.errors import SchemaTooNewError, StoreCorruptError
-from dagwerk.backends.postgres.gateway import PostgresGateway
-from dagwerk.backends.sql.gateway import Tx
+from dagwerk.backends.postgres.gateway import PostgresGateway, PostgresTx
+from dagwerk.backends.sql import migrations
 
 __all__ = ["LATEST_VERSION", "MIGRATIONS", "SCHEMA_PATH", "migrate"]
 
-_FILE = re.compile(r"^(\d{4})_[a-z0-9_]+\.sql$")
 SCHEMA_PATH = Path(__file__).parent.with_name("schema.sql")
-
-
-def _discover() -> tuple[tuple[int, Path], ...]:
-    found: list[tuple[int, Path]] = []
-    for path in sorted(Path(__file__).parent.glob("*.sql")):
-        match = _FILE.match(path.name)
-        if match is None:
-            raise RuntimeError(f"migration file {path.name!r} is not named NNNN_name.sql")
-        found.append((int(match.group(1)), path))
-    versions = [version for version, _ in found]
-    if versions != list(range(1, len(found) + 1)):
-        raise RuntimeError(f"migrations must be numbered 1..n without gaps, got {versions}")
-    return tuple(found)
-
-
-MIGRATIONS: tuple[tuple[int, Path], ...] = _discover()
+MIGRATIONS: tuple[tuple[int, Path], ...] = migrations.discover(Path(__file__).parent)
 LATEST_VERSION: int = MIGRATIONS[-1][0]
 
 
@@ -48,49 +32,45 @@ def migrate(gateway: PostgresGateway, schema: str, *, target: int = LATEST_VERSI
     """
     # The common case, a current schema, takes no lock at all (a read skips
     # the lock prelude of schema_version_table).
-    with gateway.read() as tx:
-        version = _version(tx, schema)
-        if version is not None and version > LATEST_VERSION:
-            raise _too_new(schema, version)
-        if version == target:
-            return target
-    with gateway.write() as tx:
+    return migrations.migrate(gateway, _PostgresSchema(gateway, schema), MIGRATIONS, target=target)
+
+
+class _PostgresSchema:
+    """One PostgreSQL schema as the migrator sees it."""
+
+    def __init__(self, gateway: PostgresGateway, schema: str) -> None:
+        self._gateway = gateway
+        self._schema = schema
+
+    def version(self, tx: PostgresTx) -> int | None:
+        row = tx.one("schema_version_table", {"schema": self._schema})
+        if row is None or not row["n"]:
+            return None
+        found = tx.one("schema_version_get")
+        return int(found["version"]) if found is not None and found["version"] is not None else 0
+
+    def claim(self, tx: PostgresTx) -> None:
         # The advisory lock comes first, so the schema is created and checked
         # by one process at a time.
-        tx.one("schema_version_table", {"schema": schema})
+        tx.one("schema_version_table", {"schema": self._schema})
         # An identifier cannot be a parameter; doubling its quotes keeps a
         # current_schema() such as 'a"b' one identifier.
-        quoted = '"' + schema.replace('"', '""') + '"'
-        gateway.script(tx, f"CREATE SCHEMA IF NOT EXISTS {quoted}")
-        current = _version(tx, schema)
-        if current is None:
-            half = tx.one("schema_foreign_tables")
-            if half is not None and half["n"]:
-                raise StoreCorruptError(
-                    f"schema {schema!r} has dagwerk tables but no dagwerk_schema_version "
-                    "table; it was not made by dagwerk migrations"
-                )
-            current = 0
-        if current > LATEST_VERSION:
-            raise _too_new(schema, current)
-        for version, path in MIGRATIONS:
-            if current < version <= target:
-                gateway.script(tx, path.read_text(encoding="utf-8"))
-                tx.run("schema_version_set", {"version": version})
-        return current
+        quoted = '"' + self._schema.replace('"', '""') + '"'
+        self._gateway.script(tx, f"CREATE SCHEMA IF NOT EXISTS {quoted}")
 
+    def refuse_foreign(self, tx: PostgresTx) -> None:
+        half = tx.one("schema_foreign_tables")
+        if half is not None and half["n"]:
+            raise StoreCorruptError(
+                f"schema {self._schema!r} has dagwerk tables but no dagwerk_schema_version "
+                "table; it was not made by dagwerk migrations"
+            )
 
-def _version(tx: Tx, schema: str) -> int | None:
-    """The recorded version, or ``None`` when the version table is missing."""
-    row = tx.one("schema_version_table", {"schema": schema})
-    if row is None or not row["n"]:
-        return None
-    found = tx.one("schema_version_get")
-    return int(found["version"]) if found is not None and found["version"] is not None else 0
+    def apply(self, tx: PostgresTx, path: Path) -> None:
+        self._gateway.script(tx, path.read_text(encoding="utf-8"))
 
-
-def _too_new(schema: str, version: int) -> SchemaTooNewError:
-    return SchemaTooNewError(
-        f"PostgreSQL schema {schema!r} has dagwerk schema version {version}; this dagwerk "
-        f"supports up to version {LATEST_VERSION}; upgrade dagwerk to open it"
-    )
+    def too_new(self, version: int, latest: int) -> SchemaTooNewError:
+        return SchemaTooNewError(
+            f"PostgreSQL schema {self._schema!r} has dagwerk schema version {version}; "
+            f"this dagwerk supports up to version {latest}; upgrade dagwerk to open it"
+        )
