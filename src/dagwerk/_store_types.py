@@ -278,20 +278,6 @@ class NodeLaunchRef:
 
 
 @dataclass(frozen=True, slots=True)
-class _TaskResultBase:
-    task_id: str
-    run_id: str
-    node_index: int
-    generation: int
-
-    def _check_base(self) -> None:
-        _check_id(self.task_id, "task_id")
-        _check_id(self.run_id, "run_id")
-        _check_index(self.node_index, "node_index")
-        _check_index(self.generation, "generation")
-
-
-@dataclass(frozen=True, slots=True)
 class TaskClaimResult:
     """The attempt a delivery may now execute; ``resumed_from_wait_id`` names the
     application checkpoint to load when the attempt descends from a resume."""

@@ -17,19 +17,8 @@ from dagwerk.constants import RunStatus
 if TYPE_CHECKING:
     from dagwerk.engine import Engine
     from dagwerk.health import HealthServer
-    from dagwerk.stall import RunDiagnosis
 
 __all__ = ["serve", "show_why", "stalled_runs", "start_health_server"]
-
-
-def _diagnose(engine: Engine, run_id: str) -> RunDiagnosis:
-    from dagwerk.engine import RunNotFoundError
-    from dagwerk.runtime.backstop import diagnose_stored_run
-
-    found = diagnose_stored_run(engine.store, run_id)
-    if found is None:
-        raise RunNotFoundError(f"run {run_id!r} does not exist", field="run_id")
-    return found
 
 
 def stalled_runs(engine: Engine, limit: int) -> list[dict[str, Any]]:
@@ -38,7 +27,7 @@ def stalled_runs(engine: Engine, limit: int) -> list[dict[str, Any]]:
     recorded = {s.run_id: s for s in engine.list_stalls()}
     found: list[dict[str, Any]] = []
     for record in engine.list_runs(status=RunStatus.RUNNING, limit=limit):
-        diagnosis = _diagnose(engine, record.run_id)
+        diagnosis = engine.diagnose(record.run_id)
         stored = recorded.get(record.run_id)
         if diagnosis.stall is None and stored is None:
             continue
@@ -70,7 +59,7 @@ def echo_stalled(engine: Engine, limit: int, as_json: bool) -> None:
 
 def show_why(engine: Engine, run_id: str, as_json: bool) -> None:
     """Print, per node, why it has (not) run (``show --why``)."""
-    diagnosis = _diagnose(engine, run_id)
+    diagnosis = engine.diagnose(run_id)
     if as_json:
         echo_json(
             {

@@ -128,7 +128,7 @@ def describe_run(engine: Engine, run_id: str) -> dict[str, Any]:
     if record is None:
         raise RunNotFoundError(f"run {run_id!r} does not exist", field="run_id")
     nodes = engine.nodes(run_id)
-    launches = engine.store.list_node_launches(run_id)
+    launches = engine.node_launches(run_id)
     tasks = engine.list_tasks(run_id)
     per_node: dict[int, dict[str, int]] = {}
     for task in tasks:
@@ -177,7 +177,7 @@ def describe_run(engine: Engine, run_id: str) -> dict[str, Any]:
         for d in engine.list_dead_letters(run_id)
     ]
     return {
-        **describe_composite(engine.store, run_id),
+        **describe_composite(engine, run_id),
         "run": _run_json(record),
         "nodes": node_rows,
         "tasks": task_rows,

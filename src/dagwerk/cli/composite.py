@@ -2,49 +2,50 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import click
 
 from dagwerk.cli.app import safe_line
 from dagwerk.cli.commands_common import render_table
-from dagwerk.store import DagBudgetStore, DagChildStore
 
-__all__ = ["MAX_TREE_RUNS", "describe_composite", "render_composite"]
+if TYPE_CHECKING:
+    from dagwerk.engine import Engine, RunTree
 
-MAX_TREE_RUNS = 1_000
-"""``show`` lists at most this many runs of a tree."""
-
-
-def _tree(store: Any, run_id: str, seen: set[str]) -> dict[str, Any]:
-    record = store.get_run(run_id)
-    node: dict[str, Any] = {
-        "run_id": run_id,
-        "status": record.status.value if record is not None else None,
-        "children": [],
-    }
-    seen.add(run_id)
-    for child_id in store.list_child_runs(run_id):
-        if child_id in seen or len(seen) >= MAX_TREE_RUNS:
-            continue
-        node["children"].append(_tree(store, child_id, seen))
-    return node
+__all__ = ["describe_composite", "render_composite"]
 
 
-def describe_composite(store: object, run_id: str) -> dict[str, Any]:
-    """The run's parent link, its tree of child runs and its budget usage."""
+def _tree_json(trees: tuple[RunTree, ...]) -> list[dict[str, Any]]:
+    return [
+        {
+            "run_id": tree.run_id,
+            "status": tree.status.value if tree.status is not None else None,
+            "children": _tree_json(tree.children),
+        }
+        for tree in trees
+    ]
+
+
+def describe_composite(engine: Engine, run_id: str) -> dict[str, Any]:
+    """The run's parent link, its tree of child runs (``None`` on a store
+    without child runs) and its budget usage."""
+    from dagwerk.engine import UnsupportedOperationError
+
     described: dict[str, Any] = {"parent": None, "children": None, "budgets": []}
-    if isinstance(store, DagChildStore):
-        link = store.get_run_link(run_id)
+    try:
+        lineage = engine.lineage(run_id)
+    except UnsupportedOperationError:
+        lineage = None
+    if lineage is not None:
+        link = lineage.link
         if link is not None:
             described["parent"] = {
                 "run_id": link.parent_run_id,
                 "task_id": link.parent_task_id,
                 "root_run_id": link.root_run_id,
             }
-        described["children"] = _tree(store, run_id, set())["children"]
-    if isinstance(store, DagBudgetStore):
-        described["budgets"] = [usage.to_json() for usage in store.get_run_budget(run_id)]
+        described["children"] = _tree_json(lineage.children)
+    described["budgets"] = [usage.to_json() for usage in engine.budget_usage(run_id)]
     return described
 
 

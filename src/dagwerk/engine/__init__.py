@@ -27,12 +27,13 @@ from ._plugins import (
     plugin_problems,
     search_for_plugins_in,
 )
-from ._results import RunNotFoundError, RunProgress, RunResult
+from ._results import MAX_TREE_RUNS, RunLineage, RunNotFoundError, RunProgress, RunResult, RunTree
 from ._urls import DEFAULT_URL, BackendUnavailableError, open_store
 
 __all__ = [
     "DEFAULT_REGISTRY",
     "DEFAULT_URL",
+    "MAX_TREE_RUNS",
     "BackendUnavailableError",
     "Engine",
     "EngineError",
@@ -41,9 +42,11 @@ __all__ = [
     "PluginProblem",
     "ResumeRejectedError",
     "RunExistsError",
+    "RunLineage",
     "RunNotFoundError",
     "RunProgress",
     "RunResult",
+    "RunTree",
     "RunWaitTimeoutError",
     "UnknownNodeError",
     "UnsupportedOperationError",

@@ -18,8 +18,7 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any
 
-from dagwerk._protocols import implements
-from dagwerk.budgets import Budget
+from dagwerk.budgets import AccountUsage, Budget
 from dagwerk.capabilities import StoreCapabilities
 from dagwerk.constants import (
     RUN_TERMINAL_STATUSES,
@@ -36,16 +35,19 @@ from dagwerk.orchestrator import OrchestratorCallbacks, cancel_run, reconcile_ru
 from dagwerk.pipelines.loader import Pipeline
 from dagwerk.plugins import PluginMeta
 from dagwerk.retry import RetryRejectedError, RunRetryResult, rerun_nodes, retry_run
-from dagwerk.runtime.backstop import DEFAULT_BACKSTOP_INTERVAL, check_backstop_interval
+from dagwerk.runtime.backstop import (
+    DEFAULT_BACKSTOP_INTERVAL,
+    check_backstop_interval,
+    diagnose_stored_run,
+)
 from dagwerk.runtime.errors import UnknownPluginError
 from dagwerk.runtime.plugins import CostEstimateFn, PluginFn
 from dagwerk.runtime.retry_policy import RetryPolicy
 from dagwerk.runtime.worker import Worker
 from dagwerk.schema import get_pipeline_input_schema, merge_run_input
+from dagwerk.stall import RunDiagnosis
 from dagwerk.store import (
-    DagBudgetStore,
     DeadLetter,
-    NodeRerunStore,
     RunRecord,
     StallRecord,
     TaskRecord,
@@ -56,7 +58,16 @@ from dagwerk.store import (
 from dagwerk.waiting import resume_task
 
 from ._plugins import EngineRegistry, import_plugin_modules, plugin_problems
-from ._results import RunNotFoundError, RunProgress, RunResult, read_progress, read_result
+from ._results import (
+    MAX_TREE_RUNS,
+    RunLineage,
+    RunNotFoundError,
+    RunProgress,
+    RunResult,
+    read_lineage,
+    read_progress,
+    read_result,
+)
 from ._urls import DEFAULT_URL, open_store
 
 __all__ = [
@@ -291,13 +302,11 @@ class Engine:
         ):
             raise RunExistsError(f"run {run_id!r} already exists", field="run_id")
         # The budget is set while the run is PENDING, so no task runs outside it.
+        budget_store = self._capabilities.budgets
         if (
             budgets is not None
             and not budgets.is_empty()
-            and (
-                not isinstance(self._store, DagBudgetStore)
-                or not self._store.try_set_run_budget(run_id, budgets)
-            )
+            and (budget_store is None or not budget_store.try_set_run_budget(run_id, budgets))
         ):
             raise EngineError("the store cannot hold this run's budget", code="run_budget_refused")
         start_run(self._store, run_id, callbacks=_CALLBACKS)
@@ -458,8 +467,8 @@ class Engine:
         implement :class:`~dagwerk.store.NodeRerunStore`.
         """
         indices = self._indices(run_id, nodes)
-        store: object = self._store
-        if not implements(store, NodeRerunStore):
+        store = self._capabilities.rerun
+        if store is None:
             raise UnsupportedOperationError(
                 "this store cannot re-run nodes (it does not implement NodeRerunStore)"
             )
@@ -562,11 +571,53 @@ class Engine:
             raise RunNotFoundError(f"run {run_id!r} does not exist", field="run_id")
         return nodes
 
+    def node_launches(self, run_id: str) -> Mapping[int, NodeLaunch]:
+        """The launches of the run's active generation, keyed by node index
+        (a node that has not been planned yet has none)."""
+        self._require_run(run_id)
+        launches: Mapping[int, NodeLaunch] = self._store.list_node_launches(run_id)
+        return launches
+
+    def diagnose(self, run_id: str) -> RunDiagnosis:
+        """Why each node of the run has or has not run, and whether the run is
+        stalled, read from the store's durable state (``dagwerk show --why``).
+        Read-only."""
+        diagnosis = diagnose_stored_run(self._store, run_id)
+        if diagnosis is None:
+            raise RunNotFoundError(f"run {run_id!r} does not exist", field="run_id")
+        return diagnosis
+
+    def lineage(self, run_id: str, *, max_runs: int = MAX_TREE_RUNS) -> RunLineage:
+        """The run's link to the task that started it (``None``: a root run)
+        and the tree of child runs started under it, with at most
+        ``max_runs`` runs in all.
+
+        Raises :class:`UnsupportedOperationError` for a store that keeps no
+        child runs (it does not implement :class:`~dagwerk.store.DagChildStore`).
+        """
+        self._require_run(run_id)
+        children = self._capabilities.children
+        if children is None:
+            raise UnsupportedOperationError(
+                "this store keeps no child runs (it does not implement DagChildStore)"
+            )
+        return read_lineage(self._store, children, run_id, max_runs=max_runs)
+
+    def budget_usage(self, run_id: str) -> tuple[AccountUsage, ...]:
+        """What every budget account the run draws on has used: its own
+        account first, then its ancestors'. Empty for a run without budgets
+        and on a store without budgets."""
+        self._require_run(run_id)
+        budgets = self._capabilities.budgets
+        return () if budgets is None else tuple(budgets.get_run_budget(run_id))
+
     def list_runs(self, status: RunStatus | str | None = None, limit: int = 50) -> list[RunRecord]:
         """Runs, newest first, optionally only those with ``status``."""
         runs = self._capabilities.runs
         if runs is None:
-            raise UnsupportedOperationError("this store cannot list runs yet")
+            raise UnsupportedOperationError(
+                "this store cannot list runs (it does not implement DagRunStore)"
+            )
         wanted = RunStatus(status) if status is not None else None
         return runs.list_runs(status=wanted, limit=limit)
 
@@ -582,7 +633,9 @@ class Engine:
         """The task's attempts, oldest first (needs a ``DagRunStore``)."""
         runs = self._capabilities.runs
         if runs is None:
-            raise UnsupportedOperationError("this store cannot list attempts yet")
+            raise UnsupportedOperationError(
+                "this store cannot list attempts (it does not implement DagRunStore)"
+            )
         return list(runs.list_attempts(task_id))
 
     def list_stalls(self) -> list[StallRecord]:

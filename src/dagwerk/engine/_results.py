@@ -1,4 +1,5 @@
-"""What an engine reports about a run: its result and its progress."""
+"""What an engine reports about a run: its result, its progress and its
+place among composite runs."""
 
 from __future__ import annotations
 
@@ -9,9 +10,24 @@ from typing import Any
 from dagwerk.constants import RUN_TERMINAL_STATUSES, RunStatus, TaskStatus
 from dagwerk.errors import DagwerkError
 from dagwerk.json import ReadOnlyDict, thaw_json
+from dagwerk.lineage import RunLink
 from dagwerk.models import ResolvedOutput
+from dagwerk.store import DagChildStore, RunRecord
 
-__all__ = ["RunNotFoundError", "RunProgress", "RunResult", "read_progress", "read_result"]
+__all__ = [
+    "MAX_TREE_RUNS",
+    "RunLineage",
+    "RunNotFoundError",
+    "RunProgress",
+    "RunResult",
+    "RunTree",
+    "read_lineage",
+    "read_progress",
+    "read_result",
+]
+
+MAX_TREE_RUNS = 1_000
+"""A run's lineage lists at most this many runs of its tree (the run included)."""
 
 
 class RunNotFoundError(DagwerkError, LookupError):
@@ -124,3 +140,44 @@ def read_result(store: Any, run_id: str) -> RunResult:
         error=run.error,
         outputs=ReadOnlyDict(outputs),
     )
+
+
+@dataclass(frozen=True, slots=True)
+class RunTree:
+    """A run and the child runs its tasks started, each with its own
+    children, oldest first. ``status`` is ``None`` for a child run whose
+    record the store does not hold."""
+
+    run_id: str
+    status: RunStatus | None
+    children: tuple[RunTree, ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class RunLineage:
+    """A run's place among composite runs: ``link`` to the task that started
+    it (``None`` for a root run) and the tree of runs started under it."""
+
+    link: RunLink | None
+    children: tuple[RunTree, ...]
+
+
+def read_lineage(
+    store: Any, children: DagChildStore, run_id: str, *, max_runs: int = MAX_TREE_RUNS
+) -> RunLineage:
+    """The run's link and its tree of child runs, depth first, with at most
+    ``max_runs`` runs in all (the run included); each run is listed once."""
+    seen = {run_id}
+
+    def tree(parent_id: str) -> tuple[RunTree, ...]:
+        found: list[RunTree] = []
+        for child_id in children.list_child_runs(parent_id):
+            if child_id in seen or len(seen) >= max_runs:
+                continue
+            seen.add(child_id)
+            record: RunRecord | None = store.get_run(child_id)
+            status = record.status if record is not None else None
+            found.append(RunTree(child_id, status, tree(child_id)))
+        return tuple(found)
+
+    return RunLineage(link=children.get_run_link(run_id), children=tree(run_id))

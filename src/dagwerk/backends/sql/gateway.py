@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import re
 import time
-from collections.abc import Callable, Hashable, Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Hashable, Iterable, Mapping, Sequence
 from contextlib import AbstractContextManager
 from pathlib import Path
 from typing import Any, Protocol
@@ -146,8 +146,3 @@ class Gateway(Protocol):
         del since
         time.sleep(min(max(timeout, 0.0), _POLL_SECONDS))
         return None
-
-
-def iter_names(queries: Mapping[str, str]) -> Iterator[str]:
-    """Block names in file order (used by the tests that compare SQL files)."""
-    yield from queries
