@@ -76,7 +76,7 @@ BAD_REQUESTS: dict[str, Callable[[Any], object]] = {
 @pytest.fixture
 def stores(tmp_path: Path) -> Iterator[list[Any]]:
     limits = Limits(max_run_input_bytes=100)
-    opened = [MemoryStore(limits=limits), SqliteStore(tmp_path / "s.db", limits=limits)]
+    opened: list[Any] = [MemoryStore(limits=limits), SqliteStore(tmp_path / "s.db", limits=limits)]
     for store in opened:
         assert store.create_run("run", NODES)
         assert store.try_start_run("run")
