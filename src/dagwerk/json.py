@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json as _json
 import math
+import re
 from collections.abc import Iterable, Mapping
 from json.encoder import encode_basestring as _encode_str
 from typing import Any, Self, TypeAlias, TypeVar, Union
@@ -31,6 +32,10 @@ _IMMUTABLE = (
     "or dagwerk.thaw_json(value) for a deep one"
 )
 _set = object.__setattr__
+
+# Brackets inside JSON strings do not nest: strings are blanked before counting.
+_JSON_STRING = re.compile(r'"(?:[^"\\]|\\.)*"', re.DOTALL)
+_JSON_BRACKET = re.compile(r"[\[\]{}]")
 
 # log10(2): turns a bit length into a decimal digit estimate.
 _LOG10_2 = 0.30102999566398120
@@ -286,6 +291,42 @@ def _depth_error() -> JsonLimitError:
         code="json_too_deep",
         limit=MAX_JSON_DEPTH,
     )
+
+
+def first_too_deep(text: str, limit: int) -> int | None:
+    """The offset in ``text`` of the first bracket that opens a container
+    nested deeper than ``limit``, or ``None`` when none does.
+
+    A linear scan with no recursion, so it is safe on untrusted text before
+    a recursive parser sees it. Offsets are those of ``text`` itself (string
+    contents are blanked to equal-length placeholders)."""
+    stripped = _JSON_STRING.sub(lambda match: '"' + " " * (len(match.group()) - 2) + '"', text)
+    depth = 0
+    for match in _JSON_BRACKET.finditer(stripped):
+        if match.group() in "[{":
+            depth += 1
+            if depth > limit:
+                return match.start()
+        else:
+            depth -= 1
+    return None
+
+
+def parse_json_text(text: str, *, field: str, limit: int = MAX_JSON_DEPTH) -> object:
+    """``json.loads`` of untrusted ``text``, refusing deep nesting first.
+
+    Nesting deeper than ``limit`` containers raises
+    :class:`~dagwerk.errors.JsonLimitError` (code ``json_too_deep``) naming
+    ``field`` and the limit, before the parser runs; malformed text raises
+    :class:`json.JSONDecodeError` as ``json.loads`` does."""
+    if first_too_deep(text, limit) is not None:
+        raise JsonLimitError(
+            f"{field}: JSON nests deeper than the maximum of {limit} containers",
+            code="json_too_deep",
+            field=field,
+            limit=limit,
+        )
+    return _json.loads(text)
 
 
 def freeze_json(

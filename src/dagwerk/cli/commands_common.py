@@ -195,9 +195,15 @@ def open_engine(db: str, *, create: bool = True) -> Engine:
 
 
 def parse_json_argument(text: str, what: str) -> object:
-    """``text`` parsed as JSON; invalid JSON is invalid input (exit 2)."""
+    """``text`` parsed as JSON; invalid or too deeply nested JSON is invalid
+    input (exit 2)."""
+    from dagwerk.errors import JsonLimitError
+    from dagwerk.json import parse_json_text
+
     try:
-        return json.loads(text)
+        return parse_json_text(text, field=what)
+    except JsonLimitError as error:
+        raise InvalidInputError(str(error), code=error.code) from None
     except json.JSONDecodeError as error:
         raise InvalidInputError(f"{what} is not valid JSON: {error}") from None
 

@@ -29,6 +29,7 @@ from dagwerk.constants import (
 )
 from dagwerk.errors import DagwerkError
 from dagwerk.graph import validate_graph
+from dagwerk.identifiers import check_identifier
 from dagwerk.json import thaw_json
 from dagwerk.models import DagNode, NodeLaunch
 from dagwerk.orchestrator import OrchestratorCallbacks, cancel_run, reconcile_run, start_run
@@ -271,8 +272,9 @@ class Engine:
         For a :class:`~dagwerk.pipelines.loader.Pipeline`, ``input`` is laid
         over the pipeline's ``defaults``, ``failure_policy`` defaults to the
         pipeline's (otherwise to ``fail_fast``) and the run records the
-        pipeline's name (``RunRecord.pipeline``). An existing ``run_id`` raises
-        :class:`RunExistsError`; invalid nodes or input raise ``ValueError``
+        pipeline's name (``RunRecord.pipeline``). A ``run_id`` outside the safe
+        alphabet (:mod:`dagwerk.identifiers`) raises ``InvalidIdentifierError``;
+        an existing one raises :class:`RunExistsError`; invalid nodes or input raise ``ValueError``
         before anything is written.
         """
         defaults: dict[str, object] = {}
@@ -296,7 +298,7 @@ class Engine:
         merged = thaw_json(merge_run_input(schema_fields, defaults, dict(input or {})))
         assert isinstance(merged, dict)
         run_input: dict[str, object] = dict(merged)
-        run_id = run_id if run_id is not None else new_run_id()
+        run_id = check_identifier(run_id, field="run_id") if run_id is not None else new_run_id()
         if not self._store.create_run(
             run_id, node_list, run_input=run_input, failure_policy=policy, pipeline=pipeline_name
         ):

@@ -26,6 +26,7 @@ from typing import Final, Literal, TypeAlias
 import yaml
 
 from dagwerk.errors import DagwerkError
+from dagwerk.json import first_too_deep
 
 __all__ = [
     "MAX_PIPELINE_FILE_BYTES",
@@ -56,8 +57,6 @@ _COLLECTION_TAGS: Final = frozenset((_YAML_PREFIX + "map", _YAML_PREFIX + "seq")
 # Characters that would break a one-line message or fool a terminal: C0/C1
 # controls, line and paragraph separators, and bidirectional overrides.
 _UNSAFE_TEXT: Final = re.compile("[\x00-\x1f\x7f-\x9f\u2028\u2029\u202a-\u202e\u2066-\u2069]")
-_JSON_STRING: Final = re.compile(r'"(?:[^"\\]|\\.)*"', re.DOTALL)
-_JSON_BRACKET: Final = re.compile(r"[\[\]{}]")
 _LONE_SURROGATE: Final = re.compile("[\ud800-\udfff]")
 
 
@@ -259,20 +258,15 @@ def parse_source_text(
 
 
 def _check_json_nesting(text: str, path: str) -> None:
-    # Brackets inside strings do not nest, so strings are removed first; the
-    # scan is linear and needs no recursion.
-    depth = 0
-    stripped = _JSON_STRING.sub('""', text)
-    for match in _JSON_BRACKET.finditer(stripped):
-        depth += 1 if match.group() in "[{" else -1
-        if depth > MAX_PIPELINE_NESTING:
-            raise PipelineFileError(
-                f"nesting is deeper than {MAX_PIPELINE_NESTING} levels",
-                path=path,
-                line=stripped.count("\n", 0, match.start()) + 1,
-                rule="too_deep",
-                limit=MAX_PIPELINE_NESTING,
-            )
+    offset = first_too_deep(text, MAX_PIPELINE_NESTING)
+    if offset is not None:
+        raise PipelineFileError(
+            f"nesting is deeper than {MAX_PIPELINE_NESTING} levels",
+            path=path,
+            line=text.count("\n", 0, offset) + 1,
+            rule="too_deep",
+            limit=MAX_PIPELINE_NESTING,
+        )
 
 
 def _parse_json(text: str, path: str) -> object:
