@@ -1,5 +1,5 @@
 """The check of a store's launch result against the launch requested
-(OR-06/OR-07), split out of :mod:`dagwerk.orchestrator`."""
+(OR-06/OR-07), used by the reconciler."""
 
 from __future__ import annotations
 
