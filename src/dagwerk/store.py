@@ -101,9 +101,18 @@ from dagwerk.models import (
     ResolvedOutput,
     TaskInputPlan,
 )
+from dagwerk.store_durable import (
+    MAX_STEP_NAME_LENGTH,
+    DurableTaskStore,
+    StepRecord,
+    TaskChildRecord,
+    TaskJournal,
+    TaskWaitEntry,
+    validate_step_name,
+)
 from dagwerk.topology import RunTopology
 
-__all__ = [
+__all__ = [  # noqa: RUF022 (extension modules' names grouped at the end)
     "WORKER_RECORDS_KEPT_SECONDS",
     "AttemptRecord",
     "BackstopStore",
@@ -173,6 +182,14 @@ __all__ = [
     "validate_seconds",
     "validate_wait_id",
     "validate_worker_id",
+    # durable task records (dagwerk.store_durable)
+    "MAX_STEP_NAME_LENGTH",
+    "DurableTaskStore",
+    "StepRecord",
+    "TaskChildRecord",
+    "TaskJournal",
+    "TaskWaitEntry",
+    "validate_step_name",
 ]
 
 
