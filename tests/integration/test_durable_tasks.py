@@ -257,7 +257,7 @@ def test_a_step_charges_once_although_the_worker_is_killed(
             stderr=errors,
         )
         try:
-            wait_until(lambda: (card / "charged-1").exists(), "the first charge", timeout=60)
+            wait_until((card / "charged-1").exists, "the first charge", timeout=60)
             worker.send_signal(signal.SIGKILL)
             worker.wait(10)
         finally:

@@ -123,7 +123,7 @@ class TaskContext:
         """Tell the worker the attempt is alive; the worker extends its lease."""
         self.heartbeat_fn()
 
-    def wait(self, wait_id: str) -> JsonValue | None:
+    def wait(self, wait_id: str) -> Any:
         """Wait under ``wait_id`` for the application's response and return it.
 
         On an attempt of a task resumed from ``wait_id`` in this generation

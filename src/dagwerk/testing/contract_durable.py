@@ -15,7 +15,7 @@ from typing import Any
 
 import pytest
 
-from dagwerk.constants import RunStatus, TaskStatus
+from dagwerk.constants import FailurePolicy, RunStatus, TaskStatus
 from dagwerk.errors import DagwerkError
 from dagwerk.execution import recover_task
 from dagwerk.json import thaw_json
@@ -23,6 +23,7 @@ from dagwerk.lineage import child_wait_id
 from dagwerk.models import DagNode, TaskInputs
 from dagwerk.orchestrator import cancel_run, on_task_complete, reconcile_run
 from dagwerk.retry import rerun_nodes
+from dagwerk.runtime.budget_guard import ByteLimits
 from dagwerk.runtime.children import ChildPipeline
 from dagwerk.runtime.context import ChildRunFailed, TaskContext
 from dagwerk.runtime.retry_policy import RetryPolicy
@@ -43,12 +44,14 @@ from dagwerk.waiting import resume_task, wait_task
 __all__ = [
     "test_dt_journal_keeps_every_wait_with_its_state_and_response",
     "test_dt_journal_lists_the_child_runs_of_the_task",
+    "test_dt_old_style_branch_on_resumed_from_wait_id_keeps_working",
     "test_dt_replanned_generation_starts_without_steps",
     "test_dt_run_journals_list_the_tasks_that_recorded_something",
-    "test_dt_old_style_branch_on_resumed_from_wait_id_keeps_working",
+    "test_dt_stale_attempt_records_no_step",
     "test_dt_step_is_fenced_by_the_running_attempt",
     "test_dt_step_name_reuse_fails_the_task_without_retry",
     "test_dt_step_records_once_and_a_repeat_returns_the_first_result",
+    "test_dt_step_results_must_be_json_within_the_byte_limit",
     "test_dt_step_validation_happens_before_any_write",
     "test_dt_straight_line_approval_returns_the_response",
     "test_dt_straight_line_child_completes_with_one_child_run",
@@ -56,6 +59,7 @@ __all__ = [
     "test_dt_straight_line_nondeterministic_child_fails_without_retry",
     "test_dt_straight_line_recursion_ends_at_the_depth_limit",
     "test_dt_straight_line_step_runs_once_across_retries_and_waits",
+    "test_dt_wait_for_children_returns_every_result_in_order",
 ]
 
 
@@ -71,7 +75,7 @@ def _running(store: ContractStore, nodes: list[DagNode] | None = None) -> tuple[
     return record.task_id, record.attempt_id, record.generation
 
 
-def _record(
+def _record(  # noqa: PLR0917 (the test's shorthand for one step call)
     store: ContractStore, task_id: str, name: str, result: object, attempt: str, generation: int
 ) -> StepRecord | None:
     return _durable(store).try_record_step(
@@ -356,7 +360,7 @@ def test_dt_straight_line_approval_returns_the_response(
         calls.append("start")
         review = ctx.wait("review")
         answer = ctx.wait("approval")
-        return {"approved": answer["ok"], "review": review["by"]}  # type: ignore[index]
+        return {"approved": answer["ok"], "review": review["by"]}
 
     new_run(store, [root("approve")], "r0")
     worker = _worker(store, tmp_path, {"approve": approve})
@@ -458,8 +462,8 @@ def test_dt_old_style_branch_on_resumed_from_wait_id_keeps_working(
     def review(inputs: TaskInputs, ctx: TaskContext) -> dict[str, object]:
         if ctx.resumed_from_wait_id != "review":
             ctx.wait("review")
-        assert ctx.wait_response is not None
-        return {"ok": ctx.wait_response["ok"]}  # type: ignore[index]
+        response: Any = ctx.wait_response
+        return {"ok": response["ok"]}
 
     new_run(store, [root("review")], "r0")
     worker = _worker(store, tmp_path, {"review": review})
@@ -475,3 +479,73 @@ def test_dt_old_style_branch_on_resumed_from_wait_id_keeps_working(
     )
     worker.run_until_idle()
     assert _output_fields(store, "r0") == [{"ok": True}]
+
+
+def test_dt_stale_attempt_records_no_step(store: ContractStore, tmp_path: Path) -> None:
+    ran: list[str] = []
+
+    def stale(inputs: TaskInputs, ctx: TaskContext) -> None:
+        if ctx.attempt == 1:
+            # Another worker recovers the task while this attempt still runs.
+            recover_task(
+                store,
+                ctx.task_id,
+                expected_attempt_id=ctx.attempt_id,
+                expected_generation=ctx.generation,
+            )
+
+        def charge() -> str:
+            ran.append(ctx.attempt_id)
+            return "ch"
+
+        ctx.step("charge", charge)
+
+    new_run(store, [root("stale")], "r0")
+    worker = _worker(store, tmp_path, {"stale": stale})
+    worker.run_until_idle()
+    task = only_task(store, "r0", 0)
+    assert task.status is TaskStatus.COMPLETED
+    steps = _journal(store, task.task_id).steps
+    # Both attempts ran the function; only the current one recorded it.
+    assert len(ran) == 2 and [s.attempt_id for s in steps] == [ran[1]]
+
+
+def test_dt_step_results_must_be_json_within_the_byte_limit(
+    store: ContractStore, tmp_path: Path
+) -> None:
+    def big(inputs: TaskInputs, ctx: TaskContext) -> None:
+        ctx.step("big", lambda: "x" * 100)
+
+    def opaque(inputs: TaskInputs, ctx: TaskContext) -> None:
+        ctx.step("opaque", object)
+
+    new_run(
+        store, [root("big"), root("opaque")], "r0", failure_policy=FailurePolicy.CONTINUE_OTHERS
+    )
+    policy = RetryPolicy(max_attempts=3, backoff_base=0, backoff_max=0)
+    worker = _worker(store, tmp_path, {}, byte_limits=ByteLimits(max_output_bytes=50))
+    worker.plugins.register("big", big, retry=policy)
+    worker.plugins.register("opaque", opaque, retry=policy)
+    worker.run_until_idle()
+    too_big, not_json = only_task(store, "r0", 0), only_task(store, "r0", 1)
+    assert too_big.status is TaskStatus.FAILED and too_big.attempt_number == 1
+    assert "step_result_too_large" in (too_big.error or "")
+    assert "max_output_bytes 50" in (too_big.error or "")
+    assert not_json.status is TaskStatus.FAILED and not_json.attempt_number == 1
+    assert "step_result_invalid" in (not_json.error or "")
+    assert _journal(store, too_big.task_id).steps == ()
+
+
+def test_dt_wait_for_children_returns_every_result_in_order(
+    store: ContractStore, tmp_path: Path
+) -> None:
+    def parent(inputs: TaskInputs, ctx: TaskContext) -> dict[str, object]:
+        kids = [ctx.start_child(_CHILD, input={"x": x}) for x in (1, 2, 3)]
+        results = ctx.wait_for_children(kids)
+        return {"values": [r.outputs["leaf"][0]["fields"]["value"] for r in results]}
+
+    new_run(store, [root("parent")], "r0")
+    _worker(store, tmp_path, {"parent": parent, "leaf": _leaf}).run_until_idle()
+    assert store.get_run_status("r0") is RunStatus.COMPLETED
+    assert _output_fields(store, "r0") == [{"values": (10, 20, 30)}]
+    assert len(_durable_children(store, "r0")) == 3
