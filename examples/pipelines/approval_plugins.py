@@ -1,9 +1,11 @@
 """Plugins of examples/pipelines/approval.yaml: a task that waits for a person.
 
-``request_approval`` parks its task in WAITING with ``ctx.wait(...)``; the
-task holds no worker while it waits. ``dagwerk resume TASK WAIT_ID
---response '{"approved": true}'`` queues a new attempt, which sees
-``ctx.resumed_from_wait_id`` and the stored response.
+``request_approval`` is straight-line code. On its first attempt
+``ctx.wait(...)`` parks the task in WAITING (it holds no worker while it
+waits). ``dagwerk resume TASK WAIT_ID --response '{"approved": true}'``
+queues a new attempt, which runs the plugin from the top: ``ctx.step``
+returns the recorded result without asking the reviewer again, and
+``ctx.wait`` returns the stored response.
 """
 
 from __future__ import annotations
@@ -24,19 +26,19 @@ def draft_post(inputs: TaskInputs, ctx: TaskContext) -> dict[str, Any]:
 
 @dagwerk.plugin("request_approval")
 def request_approval(inputs: TaskInputs, ctx: TaskContext) -> dict[str, Any]:
-    if ctx.resumed_from_wait_id is None:
-        ctx.logger.info(
-            "asking %s to review %r", inputs.parameters["reviewer"], inputs.parameters["title"]
-        )
-        ctx.wait(WAIT_PREFIX)  # raises: the worker commits the wait
-    # The response `dagwerk resume ... --response JSON` stored with the wait.
-    response = ctx.wait_response
+    reviewer, title = str(inputs.parameters["reviewer"]), str(inputs.parameters["title"])
+
+    # Runs once per task: a resumed (or retried) attempt gets the recorded result.
+    @ctx.step("ask reviewer")
+    def ask() -> str:
+        ctx.logger.info("asking %s to review %r", reviewer, title)
+        return reviewer
+
+    asked = ask()
+    # Parks the task on the first attempt; returns the response after the resume.
+    response = ctx.wait(WAIT_PREFIX)
     approved = isinstance(response, dict) and response.get("approved") is True
-    return {
-        "title": inputs.parameters["title"],
-        "reviewer": inputs.parameters["reviewer"],
-        "approved": approved,
-    }
+    return {"title": title, "reviewer": asked, "approved": approved}
 
 
 @dagwerk.plugin("publish_post")

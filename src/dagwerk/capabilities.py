@@ -29,6 +29,7 @@ from dagwerk.store import (
     DagQueueStore,
     DagRunStore,
     DelayedRetryStore,
+    DurableTaskStore,
     LimitedStore,
     LiveNodeStore,
     NodeRerunStore,
@@ -75,6 +76,7 @@ class StoreCapabilities:
     budgets: DagBudgetStore | None
     wait_responses: WaitResponseStore | None
     wait_records: WaitRecordStore | None
+    durable: DurableTaskStore | None
     delayed_retry: DelayedRetryStore | None
     rerun: NodeRerunStore | None
     closable: ClosableStore | None

@@ -92,6 +92,15 @@ from dagwerk.store_claims import (
     RecentOutputsStore,
     UnitOfWorkStore,
 )
+from dagwerk.store_durable import (
+    MAX_STEP_NAME_LENGTH,
+    DurableTaskStore,
+    StepRecord,
+    TaskChildRecord,
+    TaskJournal,
+    TaskWaitEntry,
+    validate_step_name,
+)
 from dagwerk.store_lifetime import (
     ClosableStore,
     LimitedStore,
@@ -119,7 +128,7 @@ from dagwerk.store_workers import (
 )
 from dagwerk.topology import RunTopology
 
-__all__ = [
+__all__ = [  # noqa: RUF022 (extension modules' names grouped at the end)
     "WORKER_RECORDS_KEPT_SECONDS",
     "AttemptRecord",
     "BackstopStore",
@@ -189,6 +198,14 @@ __all__ = [
     "validate_seconds",
     "validate_wait_id",
     "validate_worker_id",
+    # durable task records (dagwerk.store_durable)
+    "MAX_STEP_NAME_LENGTH",
+    "DurableTaskStore",
+    "StepRecord",
+    "TaskChildRecord",
+    "TaskJournal",
+    "TaskWaitEntry",
+    "validate_step_name",
 ]
 
 

@@ -20,6 +20,7 @@ from dagwerk.cli.commands_common import (
     render_table,
 )
 from dagwerk.cli.composite import describe_composite, render_composite
+from dagwerk.cli.journal_view import add_journals, render_journals
 from dagwerk.constants import TaskStatus
 
 if TYPE_CHECKING:
@@ -167,6 +168,7 @@ def describe_run(engine: Engine, run_id: str) -> dict[str, Any]:
                 "attempts": _attempts(engine, task),
             }
         )
+    add_journals(engine, run_id, task_rows)
     letters = [
         {
             "dead_letter_id": d.dead_letter_id,
@@ -387,6 +389,11 @@ def _print_summary(described: dict[str, Any], db: str) -> None:
                 for d in described["dead_letters"]
             ],
         )
+    _more(
+        render_journals(described["tasks"]),
+        "recorded steps and waits",
+        f"dagwerk show {run_id} --json{where}",
+    )
     render_composite(described)
     if described["tasks"]:
         click.echo(

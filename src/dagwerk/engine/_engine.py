@@ -51,6 +51,7 @@ from dagwerk.store import (
     DeadLetter,
     RunRecord,
     StallRecord,
+    TaskJournal,
     TaskRecord,
     TaskResumeResult,
     WaitRecordStore,
@@ -639,6 +640,14 @@ class Engine:
                 "this store cannot list attempts (it does not implement DagRunStore)"
             )
         return list(runs.list_attempts(task_id))
+
+    def task_journals(self, run_id: str) -> Mapping[str, TaskJournal]:
+        """What the run's tasks recorded (``ctx.step`` results, waits with
+        their responses, child runs), keyed by task ID, for the tasks that
+        recorded a step or a wait; empty on a store that keeps no such
+        records (no :class:`~dagwerk.store.DurableTaskStore`)."""
+        durable = self._capabilities.durable
+        return {} if durable is None else durable.list_run_journals(run_id)
 
     def list_stalls(self) -> list[StallRecord]:
         """The stalls a backstop recorded, oldest detection first (none on a

@@ -4,8 +4,12 @@ between it and the worker.
 The worker writes a job (its ``sys.path``, then the plugin, the inputs and
 the context, as two pickles) to the process's pipe; the process runs it and
 writes back one reply ``(kind, outputs, error, wait_id, children)``. A
-process's first message, empty, says it has started. See
-``runtime/_process_pool.py`` for the processes' lifecycle.
+process's first message, empty, says it has started. While the plugin
+runs, each ``ctx.step`` it records is a step request (:data:`STEP_REQUEST`
+and a pickle of ``(name, result)``) that the worker answers with
+``("ok", recorded result)`` or ``("error", exception)``
+(:func:`answer_step_request`). See ``runtime/_process_pool.py`` for the
+processes' lifecycle.
 """
 
 from __future__ import annotations
@@ -27,15 +31,18 @@ from signal import signal as install_handler
 from types import FrameType
 from typing import Any
 
-from dagwerk.json import thaw_json
+from dagwerk.json import JsonValue, thaw_json
 from dagwerk.models import EmittedOutput, ResolvedOutput, TaskInputs
 from dagwerk.runtime.context import AbortSignal, TaskContext
+from dagwerk.runtime.durable import AttemptJournal, StepError, StepRecorder
 from dagwerk.runtime.errors import NonRetryableError
 from dagwerk.runtime.outcomes import ExecutionOutcome, OutcomeKind, as_coroutine, outcome_of_call
 from dagwerk.runtime.plugins import PluginFn
 
 __all__ = [
+    "STEP_REQUEST",
     "PluginTransferError",
+    "answer_step_request",
     "exit_text",
     "job_bytes",
     "read_reply",
@@ -167,7 +174,48 @@ def _reply_bytes(outcome: ExecutionOutcome, children: dict[str, Any]) -> bytes:
         return _dumps(as_text)
 
 
-def _run_job(data: bytes, abort: AbortSignal) -> bytes:
+STEP_REQUEST = b"S"
+"""The first byte of a step request (a reply pickle starts with ``0x80``)."""
+
+
+def answer_step_request(journal: AttemptJournal, data: bytes) -> bytes:
+    """The worker's answer to a step request of its plugin process: it records
+    the step through the attempt's own journal."""
+    try:
+        name, result = pickle.loads(data[len(STEP_REQUEST) :])
+        recorder = journal.recorder
+        if recorder is None:
+            raise StepError("step_unsupported: this store records no steps", field="store")
+        answer: tuple[str, object] = ("ok", thaw_json(recorder(name, result)))
+    except BaseException as exc:
+        answer = ("error", exc)
+    try:
+        reply = _dumps(answer)
+        pickle.loads(reply)
+        return reply
+    except Exception:
+        error = answer[1]
+        text = f"{type(error).__name__}: {error}"
+        return _dumps(("error", RuntimeError(text)))
+
+
+def _pipe_recorder(conn: Connection) -> StepRecorder:
+    """Records a step by asking the worker (one request at a time)."""
+    lock = threading.Lock()
+
+    def record(name: str, result: JsonValue) -> JsonValue:
+        with lock:
+            conn.send_bytes(STEP_REQUEST + _dumps((name, thaw_json(result))))
+            kind, value = pickle.loads(conn.recv_bytes())
+        if kind == "error":
+            raise value
+        recorded: JsonValue = value
+        return recorded
+
+    return record
+
+
+def _run_job(data: bytes, abort: AbortSignal, conn: Connection) -> bytes:
     """Run one job in the plugin process; the reply for the worker."""
     stream = io.BytesIO(data)
     try:
@@ -182,6 +230,8 @@ def _run_job(data: bytes, abort: AbortSignal) -> bytes:
         )
         return _reply_bytes(ExecutionOutcome(OutcomeKind.ERROR, error=error), {})
     ctx: TaskContext = dataclasses.replace(travelling, cancelled=abort)
+    if ctx.journal.remote:
+        ctx.journal.recorder = _pipe_recorder(conn)
     inputs = _inputs_from_wire(wire_inputs)
 
     def call() -> Any:
@@ -224,7 +274,7 @@ def serve_plugin_process(conn: Connection, abort: AbortSignal) -> None:
             data = conn.recv_bytes()
         except (EOFError, OSError):
             return  # the pool closed the pipe, or the worker process died
-        reply = contextvars.Context().run(_run_job, data, abort)
+        reply = contextvars.Context().run(_run_job, data, abort, conn)
         _restore_cwd(cwd)
         if os.environ != environ:
             os.environ.clear()

@@ -3,15 +3,17 @@
 A plugin starts a child with ``ctx.start_child(nodes_or_pipeline, input=...)``
 (which only records the request and returns the child's run ID) and waits
 with ``ctx.wait_for_child(child_run_id)``; ``ctx.run_child(...)`` does both.
-The wait never returns: the worker commits, in one store transaction, the
+The first wait parks the attempt: the worker commits, in one store transaction, the
 child run (RUNNING, with its lineage and budget) and the parent's WAITING
 state under ``child_wait_id(child_run_id)``, then reconciles the child
 (launches its roots). A worker that dies between the two leaves a RUNNING
 child without launches, which the next backstop pass reconciles: a child
 can never be stranded PENDING under a waiting parent. The
 child's terminal transition resumes the parent in the same commit; the
-resumed attempt reads ``ctx.child_result(child_run_id)``. A failed child is
-a result like any other: the plugin decides (raise to fail, or handle it).
+resumed attempt runs the plugin from the top, where ``start_child`` returns
+the same child (``runtime/durable.py``) and ``wait_for_child`` its result,
+raising ``ChildRunFailed`` for a failed child (catch it to handle the
+failure); ``ctx.child_result(child_run_id)`` reads the result too.
 
 Before executing any task, :func:`guard_lineage` decodes the run's persisted
 lineage (never an in-process default), so every worker enforces the depth

@@ -35,7 +35,9 @@ from typing import Any, Protocol, runtime_checkable
 from dagwerk.models import TaskInputs
 from dagwerk.runtime._batch_exec import run_batch
 from dagwerk.runtime._plugin_process import (
+    STEP_REQUEST,
     PluginTransferError,
+    answer_step_request,
     exit_text,
     job_bytes,
     read_reply,
@@ -493,6 +495,9 @@ class ProcessExecutor:
                     process.ready = True
                     signal.wake.set()
                 data = process.conn.recv_bytes()
+                while data.startswith(STEP_REQUEST):
+                    process.conn.send_bytes(answer_step_request(ctx.journal, data))
+                    data = process.conn.recv_bytes()
             except (EOFError, OSError):
                 died.append(True)
                 process.conn.close()

@@ -68,6 +68,7 @@ from dagwerk.runtime.budget_guard import ByteLimits, CostEstimate, admit_task, c
 from dagwerk.runtime.children import guard_lineage, settle_child_wait
 from dagwerk.runtime.clock import Clock, SystemClock
 from dagwerk.runtime.context import TaskContext, validate_execution_root
+from dagwerk.runtime.durable import open_journal
 from dagwerk.runtime.errors import (
     NonRetryableError,
     TaskTimedOut,
@@ -718,6 +719,13 @@ class Worker:
             heartbeat_fn=heartbeat,
             wait_response=response,
             byte_limits=self.byte_limits,
+            journal=open_journal(
+                self.capabilities.durable,
+                delivery,
+                attempt=attempt,
+                resumed_from=resumed_from,
+                wait_response=response,
+            ),
         )
 
     def _heartbeat(self, delivery: LeasedDelivery, entry: Running, bound: float) -> None:

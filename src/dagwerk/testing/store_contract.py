@@ -31,6 +31,7 @@ from dagwerk.testing.contract_batch_ack import *  # noqa: F403
 from dagwerk.testing.contract_budgets import *  # noqa: F403
 from dagwerk.testing.contract_children import *  # noqa: F403
 from dagwerk.testing.contract_claims import *  # noqa: F403
+from dagwerk.testing.contract_durable import *  # noqa: F403
 from dagwerk.testing.contract_fastpath import *  # noqa: F403
 from dagwerk.testing.contract_fencing import *  # noqa: F403
 from dagwerk.testing.contract_finalisation import *  # noqa: F403

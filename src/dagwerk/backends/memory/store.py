@@ -9,6 +9,7 @@ from dagwerk.limits import Limits
 
 from ._batch import BatchMixin
 from ._children import ChildrenMixin
+from ._durable import DurableMixin
 from ._frontier import FrontierMixin
 from ._gated import GatedMixin
 from ._launches import LaunchesMixin
@@ -19,6 +20,7 @@ from ._workers import WorkersMixin
 
 
 class MemoryStore(
+    DurableMixin,
     BatchMixin,
     ChildrenMixin,
     RunsMixin,

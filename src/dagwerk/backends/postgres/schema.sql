@@ -262,3 +262,15 @@ CREATE TABLE dagwerk_workers (
     seen_at DOUBLE PRECISION NOT NULL,
     expires_at DOUBLE PRECISION NOT NULL
 );
+
+-- version 10: durable steps (one row per recorded ctx.step of a task).
+CREATE TABLE dagwerk_steps (
+    task_id TEXT NOT NULL REFERENCES dagwerk_tasks (task_id),
+    name TEXT NOT NULL,
+    generation BIGINT NOT NULL,
+    attempt_id TEXT NOT NULL,
+    result TEXT NOT NULL,
+    position BIGINT NOT NULL,
+    recorded_at DOUBLE PRECISION NOT NULL,
+    PRIMARY KEY (task_id, name)
+);

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from ._batch import BatchMixin
 from ._children import ChildrenMixin
+from ._durable import DurableMixin
 from ._frontier import FrontierMixin
 from ._gated import GatedMixin
 from ._launches import LaunchesMixin
@@ -17,6 +18,7 @@ __all__ = ["SqlStore"]
 
 
 class SqlStore(
+    DurableMixin,
     BatchMixin,
     ChildrenMixin,
     RunsMixin,

@@ -681,3 +681,39 @@ WHERE (lease_owner IS NULL OR lease_expires_at <= :now)
       SELECT 1 FROM dagwerk_launches AS l
       WHERE l.launch_id = d.launch_id
         AND l.plugin IN (SELECT value FROM json_each(:plugins))));
+
+-- Durable task records (dagwerk.store_durable): steps, and a task's journal.
+
+-- name: step_insert
+-- The step's position is the task's count of steps so far: the caller holds
+-- the task's run (task_get_completing), so no other step of it commits between.
+INSERT INTO dagwerk_steps (task_id, name, generation, attempt_id, result, position, recorded_at)
+VALUES (:task_id, :name, :generation, :attempt_id, :result,
+        (SELECT count(*) FROM dagwerk_steps WHERE task_id = :task_id), :now)
+ON CONFLICT (task_id, name) DO NOTHING;
+
+-- name: step_get
+SELECT * FROM dagwerk_steps WHERE task_id = :task_id AND name = :name;
+
+-- name: journal_task
+SELECT task_id, run_id, generation FROM dagwerk_tasks WHERE task_id = :task_id;
+
+-- name: journal_steps
+SELECT * FROM dagwerk_steps WHERE task_id = :task_id ORDER BY position;
+
+-- name: journal_waits
+SELECT * FROM dagwerk_waits WHERE task_id = :task_id ORDER BY waited_at, wait_id;
+
+-- name: journal_children
+SELECT l.run_id, l.lineage, r.run_input, r.status FROM dagwerk_run_links l
+JOIN dagwerk_runs r ON r.run_id = l.run_id
+WHERE l.parent_run_id = :run_id AND l.parent_task_id = :task_id
+ORDER BY l.created_seq, l.run_id;
+
+-- name: run_journal_tasks
+-- The run's tasks that recorded a step or a wait.
+SELECT t.task_id, t.run_id, t.generation FROM dagwerk_tasks t
+WHERE t.run_id = :run_id
+  AND (EXISTS (SELECT 1 FROM dagwerk_steps s WHERE s.task_id = t.task_id)
+       OR EXISTS (SELECT 1 FROM dagwerk_waits w WHERE w.task_id = t.task_id))
+ORDER BY t.task_id;

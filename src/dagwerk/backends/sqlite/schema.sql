@@ -224,3 +224,15 @@ CREATE TABLE dagwerk_workers (
     seen_at REAL NOT NULL,
     expires_at REAL NOT NULL
 ) WITHOUT ROWID;
+
+-- version 10: durable steps (one row per recorded ctx.step of a task).
+CREATE TABLE dagwerk_steps (
+    task_id TEXT NOT NULL REFERENCES dagwerk_tasks (task_id),
+    name TEXT NOT NULL,
+    generation INTEGER NOT NULL,
+    attempt_id TEXT NOT NULL,
+    result TEXT NOT NULL,
+    position INTEGER NOT NULL,
+    recorded_at REAL NOT NULL,
+    PRIMARY KEY (task_id, name)
+) WITHOUT ROWID;
