@@ -101,6 +101,15 @@ from dagwerk.models import (
     ResolvedOutput,
     TaskInputPlan,
 )
+from dagwerk.store_retention import (
+    DEFAULT_RETENTION_BATCH,
+    MAX_RETENTION_BATCH,
+    RetentionBatch,
+    RetentionCursor,
+    RetentionRequest,
+    RunRetentionStore,
+    check_retention_request,
+)
 from dagwerk.topology import RunTopology
 
 __all__ = [
@@ -173,6 +182,15 @@ __all__ = [
     "validate_seconds",
     "validate_wait_id",
     "validate_worker_id",
+]
+__all__ += [  # dagwerk.store_retention
+    "DEFAULT_RETENTION_BATCH",
+    "MAX_RETENTION_BATCH",
+    "RetentionBatch",
+    "RetentionCursor",
+    "RetentionRequest",
+    "RunRetentionStore",
+    "check_retention_request",
 ]
 
 

@@ -8,6 +8,7 @@ from ._frontier import FrontierMixin
 from ._gated import GatedMixin
 from ._launches import LaunchesMixin
 from ._queue import QueueMixin
+from ._retention import RetentionMixin
 from ._runs import RunsMixin
 from ._tasks import TasksMixin
 from ._waits import WaitsMixin
@@ -17,6 +18,7 @@ __all__ = ["SqlStore"]
 
 
 class SqlStore(
+    RetentionMixin,
     BatchMixin,
     ChildrenMixin,
     RunsMixin,
