@@ -40,8 +40,8 @@ def store(make_store: Callable[..., SqliteStore]) -> SqliteStore:
 @pytest.fixture
 def store_rows() -> Callable[[SqliteStore], TableRows]:
     def rows(store: SqliteStore) -> TableRows:
-        if store.gateway.in_memory:
+        if store.path == ":memory:":
             pytest.skip("a :memory: database cannot be read from a second connection")
-        return sqlite_rows(store.gateway.path)
+        return sqlite_rows(store.path)
 
     return rows
