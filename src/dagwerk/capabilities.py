@@ -45,6 +45,7 @@ from dagwerk.store import (
     WaitResponseStore,
     WorkerPresenceStore,
 )
+from dagwerk.store_retention import RunRetentionStore
 
 __all__ = ["StoreCapabilities"]
 
@@ -80,6 +81,7 @@ class StoreCapabilities:
     delayed_retry: DelayedRetryStore | None
     rerun: NodeRerunStore | None
     closable: ClosableStore | None
+    retention: RunRetentionStore | None
     limits: Limits | None
     """The limits the store validates with (a :class:`LimitedStore`)."""
 

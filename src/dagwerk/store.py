@@ -111,6 +111,15 @@ from dagwerk.store_queue import (
     LeasedDelivery,
     QueueForecastStore,
 )
+from dagwerk.store_retention import (
+    DEFAULT_RETENTION_BATCH,
+    MAX_RETENTION_BATCH,
+    RetentionBatch,
+    RetentionCursor,
+    RetentionRequest,
+    RunRetentionStore,
+    check_retention_request,
+)
 from dagwerk.store_retries import (
     DelayedRetryStore,
     NodeRerunStore,
@@ -206,6 +215,15 @@ __all__ = [  # noqa: RUF022 (extension modules' names grouped at the end)
     "TaskJournal",
     "TaskWaitEntry",
     "validate_step_name",
+]
+__all__ += [  # dagwerk.store_retention
+    "DEFAULT_RETENTION_BATCH",
+    "MAX_RETENTION_BATCH",
+    "RetentionBatch",
+    "RetentionCursor",
+    "RetentionRequest",
+    "RunRetentionStore",
+    "check_retention_request",
 ]
 
 

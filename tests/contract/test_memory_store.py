@@ -8,6 +8,7 @@ import pytest
 
 from dagwerk.backends.memory import MemoryStore
 from dagwerk.testing.store_contract import *  # noqa: F403
+from dagwerk.testing.table_rows import TableRows, memory_rows
 
 
 @pytest.fixture
@@ -18,3 +19,8 @@ def store() -> MemoryStore:
 @pytest.fixture
 def make_store() -> Callable[..., MemoryStore]:
     return MemoryStore
+
+
+@pytest.fixture
+def store_rows() -> Callable[[MemoryStore], TableRows]:
+    return memory_rows

@@ -16,6 +16,7 @@ import pytest
 from dagwerk.backends.postgres import PostgresStore
 from dagwerk.testing.contract_queue import *  # noqa: F403
 from dagwerk.testing.store_contract import *  # noqa: F403
+from dagwerk.testing.table_rows import TableRows, postgres_rows
 
 
 @pytest.fixture
@@ -40,3 +41,8 @@ def make_store(postgres_url: str) -> Iterator[Callable[..., PostgresStore]]:
 @pytest.fixture
 def store(make_store: Callable[..., PostgresStore]) -> PostgresStore:
     return make_store()
+
+
+@pytest.fixture
+def store_rows(postgres_url: str) -> Callable[[PostgresStore], TableRows]:
+    return lambda store: postgres_rows(postgres_url, store.schema)

@@ -9,6 +9,7 @@ import pytest
 
 from dagwerk.backends.sqlite import SqliteStore
 from dagwerk.testing.store_contract import *  # noqa: F403
+from dagwerk.testing.table_rows import TableRows, sqlite_rows
 
 
 @pytest.fixture(params=["file", "memory"])
@@ -34,3 +35,13 @@ def make_store(
 @pytest.fixture
 def store(make_store: Callable[..., SqliteStore]) -> SqliteStore:
     return make_store()
+
+
+@pytest.fixture
+def store_rows() -> Callable[[SqliteStore], TableRows]:
+    def rows(store: SqliteStore) -> TableRows:
+        if store.path == ":memory:":
+            pytest.skip("a :memory: database cannot be read from a second connection")
+        return sqlite_rows(store.path)
+
+    return rows

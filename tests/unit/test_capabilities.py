@@ -39,6 +39,7 @@ _TYPED = [
     "delayed_retry",
     "rerun",
     "closable",
+    "retention",
 ]
 
 

@@ -395,6 +395,11 @@ def submit(
     show_default=True,
     help="Seconds between backstop passes (0: no backstop in this worker).",
 )
+@click.option(
+    "--retention",
+    metavar="AGE",
+    help="Also delete runs finished longer ago than AGE (30d, 12h, ...), every few minutes.",
+)
 @log_level_option
 def worker(
     *,
@@ -408,6 +413,7 @@ def worker(
     burst_horizon: float = DEFAULT_BURST_HORIZON,
     metrics_port: int | None = None,
     backstop_interval: float = 30.0,
+    retention: str | None = None,
     log_level: str = "info",
 ) -> None:
     """Serve the database's queue: run the tasks of every run stored there.
@@ -427,9 +433,11 @@ def worker(
       dagwerk worker --plugins myproject.plugins --executor process
       dagwerk worker --plugins examples/pipelines/flaky_plugins.py --burst
     """
+    from dagwerk.cli.commands_retention import age_seconds
     from dagwerk.pipeline_file import load_pipeline
     from dagwerk.runtime.heap import freeze_startup_heap
 
+    retention_age = None if retention is None else age_seconds(retention, "--retention")
     loaded: list[Pipeline] = []
     click.get_current_context().with_resource(task_logging(log_level))
     with open_engine(db) as engine:
@@ -450,6 +458,7 @@ def worker(
             executor=executor,
             backstop_interval=backstop_interval or None,
             queues=list(queues) or None,
+            retention=retention_age,
         )
         health_server = None
         if metrics_port is not None:

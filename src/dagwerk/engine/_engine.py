@@ -13,7 +13,8 @@ from __future__ import annotations
 import threading
 import time
 import uuid
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
+from datetime import timedelta
 from pathlib import Path
 from types import TracebackType
 from typing import Any
@@ -43,6 +44,7 @@ from dagwerk.runtime.backstop import (
 )
 from dagwerk.runtime.errors import UnknownPluginError
 from dagwerk.runtime.plugins import CostEstimateFn, PluginFn
+from dagwerk.runtime.retention import RetentionSummary, delete_runs
 from dagwerk.runtime.retry_policy import RetryPolicy
 from dagwerk.runtime.worker import Worker
 from dagwerk.schema import get_pipeline_input_schema, merge_run_input
@@ -57,6 +59,7 @@ from dagwerk.store import (
     WaitRecordStore,
     validate_wait_id,
 )
+from dagwerk.store_retention import DEFAULT_RETENTION_BATCH
 from dagwerk.waiting import resume_task
 
 from ._plugins import EngineRegistry, import_plugin_modules, plugin_problems
@@ -659,6 +662,36 @@ class Engine:
         """Dead letters in the order they were parked (re-injected ones included)."""
         letters: list[DeadLetter] = self._store.list_dead_letters(run_id)
         return letters
+
+    # --- retention ---------------------------------------------------------------
+
+    def delete_runs(
+        self,
+        older_than: float | timedelta | str,
+        *,
+        statuses: Collection[RunStatus | str] | None = None,
+        dry_run: bool = False,
+        batch_size: int = DEFAULT_RETENTION_BATCH,
+    ) -> RetentionSummary:
+        """Delete every run that finished more than ``older_than`` ago (seconds,
+        a timedelta or an age such as ``"30d"``) with one of ``statuses``
+        (default: every terminal status), with everything stored for it.
+
+        A parent takes its child runs with it; a child is deleted only with
+        its parent, and a lineage only when all its runs are terminal. Deletes
+        ``batch_size`` runs per transaction, so workers keep running; safe to
+        call from several processes at once. ``dry_run`` deletes nothing and
+        counts the runs it would delete."""
+        retention = self._capabilities.retention
+        if retention is None:
+            raise UnsupportedOperationError("this store cannot delete runs")
+        return delete_runs(
+            retention,
+            older_than=older_than,
+            statuses=statuses,
+            dry_run=dry_run,
+            batch_size=batch_size,
+        )
 
     def reinject(self, dead_letter_id: str) -> str | None:
         """Give a dead letter's task a fresh attempt; the new attempt ID or ``None``."""

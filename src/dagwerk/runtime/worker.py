@@ -39,6 +39,7 @@ from collections import deque
 from collections.abc import Callable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
+from datetime import timedelta
 from pathlib import Path
 from types import MappingProxyType
 from typing import Any
@@ -86,6 +87,7 @@ from dagwerk.runtime.monitor import AttemptMonitor
 from dagwerk.runtime.observer import WorkerObserver, notify
 from dagwerk.runtime.plugins import PluginFn, PluginRegistry, PluginSpec
 from dagwerk.runtime.presence import Presence
+from dagwerk.runtime.retention import PeriodicRetention, RetentionPolicy
 from dagwerk.runtime.retry_policy import RetryPolicy
 from dagwerk.runtime.sweep import StaleSweeper, SweepReport
 from dagwerk.store import (
@@ -174,6 +176,7 @@ class Worker:
         cost_estimates: Mapping[str, CostEstimate] | None = None,
         batched: bool = True,
         prefer_run: str | None = None,
+        retention: float | timedelta | str | RetentionPolicy | None = None,
     ) -> None:
         if type(concurrency) is not int or concurrency < 1:
             raise DagwerkError("concurrency must be an int >= 1", field="concurrency")
@@ -259,6 +262,11 @@ class Worker:
                 callbacks=self.callbacks,
                 on_report=lambda report: notify(self.observers, "backstop_finished", report),
             )
+        # Deleting old runs (``retention``: their age, or a RetentionPolicy),
+        # from the background loop next to the backstop.
+        self.retention = PeriodicRetention.for_worker(
+            self.capabilities, retention, clock=self.clock, holder=self.worker_id
+        )
         self._pool = ThreadPoolExecutor(max_workers=concurrency, thread_name_prefix="dagwerk-w")
         self._running: dict[str, Running] = {}
         self.monitor = AttemptMonitor(self)
@@ -381,6 +389,8 @@ class Worker:
     def _step(self) -> bool:
         if self.backstop is not None:
             self.backstop.maybe_run()
+        if self.retention is not None:
+            self.retention.maybe_run()
         handled = self.process_once(self.idle_wait) > 0
         self._step_finished()
         return handled

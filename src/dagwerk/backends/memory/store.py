@@ -14,12 +14,14 @@ from ._frontier import FrontierMixin
 from ._gated import GatedMixin
 from ._launches import LaunchesMixin
 from ._queue import QueueMixin
+from ._retention import RetentionMixin
 from ._runs import RunsMixin
 from ._tasks import TasksMixin
 from ._workers import WorkersMixin
 
 
 class MemoryStore(
+    RetentionMixin,
     DurableMixin,
     BatchMixin,
     ChildrenMixin,

@@ -8,7 +8,17 @@ per database) and the few hooks in :class:`~dagwerk.backends.sql.gateway.Gateway
 
 from __future__ import annotations
 
+from dagwerk.backends.sql._retention import GLOBAL_TABLES, RUN_TABLES, RunTable
 from dagwerk.backends.sql.gateway import Gateway, Row, Tx, load_queries
 from dagwerk.backends.sql.store import SqlStore
 
-__all__ = ["Gateway", "Row", "SqlStore", "Tx", "load_queries"]
+__all__ = [
+    "GLOBAL_TABLES",
+    "RUN_TABLES",
+    "Gateway",
+    "Row",
+    "RunTable",
+    "SqlStore",
+    "Tx",
+    "load_queries",
+]

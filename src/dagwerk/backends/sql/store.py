@@ -9,6 +9,7 @@ from ._frontier import FrontierMixin
 from ._gated import GatedMixin
 from ._launches import LaunchesMixin
 from ._queue import QueueMixin
+from ._retention import RetentionMixin
 from ._runs import RunsMixin
 from ._tasks import TasksMixin
 from ._waits import WaitsMixin
@@ -19,6 +20,7 @@ __all__ = ["SqlStore"]
 
 class SqlStore(
     DurableMixin,
+    RetentionMixin,
     BatchMixin,
     ChildrenMixin,
     RunsMixin,

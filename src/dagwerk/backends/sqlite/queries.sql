@@ -717,3 +717,97 @@ WHERE t.run_id = :run_id
   AND (EXISTS (SELECT 1 FROM dagwerk_steps s WHERE s.task_id = t.task_id)
        OR EXISTS (SELECT 1 FROM dagwerk_waits w WHERE w.task_id = t.task_id))
 ORDER BY t.task_id;
+
+-- Retention (backends/sql/_retention.py): finished roots (runs that are no
+-- stored run's child), their lineages, and one delete per table of
+-- RUN_TABLES, each for every run of the batch at once.
+
+-- name: retention_roots
+-- For a dry run: reads only.
+SELECT r.run_id, r.finished_at FROM dagwerk_runs r
+WHERE r.finished_at < :before
+  AND r.status IN (SELECT value FROM json_each(:statuses))
+  AND (r.finished_at > :after_at OR (r.finished_at = :after_at AND r.run_id > :after_id))
+  AND NOT EXISTS (
+      SELECT 1 FROM dagwerk_run_links l JOIN dagwerk_runs p ON p.run_id = l.parent_run_id
+      WHERE l.run_id = r.run_id)
+ORDER BY r.finished_at, r.run_id
+LIMIT :limit;
+
+-- name: retention_claim_roots
+-- retention_roots in the write transaction (which holds the database lock).
+SELECT r.run_id, r.finished_at FROM dagwerk_runs r
+WHERE r.finished_at < :before
+  AND r.status IN (SELECT value FROM json_each(:statuses))
+  AND (r.finished_at > :after_at OR (r.finished_at = :after_at AND r.run_id > :after_id))
+  AND NOT EXISTS (
+      SELECT 1 FROM dagwerk_run_links l JOIN dagwerk_runs p ON p.run_id = l.parent_run_id
+      WHERE l.run_id = r.run_id)
+ORDER BY r.finished_at, r.run_id
+LIMIT :limit;
+
+-- name: retention_lineages
+-- Each root with every stored run below it, and their statuses.
+WITH RECURSIVE tree (root_id, run_id) AS (
+    SELECT value, value FROM json_each(:roots)
+    UNION
+    SELECT t.root_id, l.run_id FROM tree t
+    JOIN dagwerk_run_links l ON l.parent_run_id = t.run_id
+)
+SELECT t.root_id, t.run_id, r.status FROM tree t JOIN dagwerk_runs r ON r.run_id = t.run_id;
+
+-- name: retention_lock_runs
+-- The runs of the lineages (the write transaction holds the database lock).
+SELECT run_id FROM dagwerk_runs WHERE run_id IN (SELECT value FROM json_each(:runs));
+
+-- name: retention_delete_steps
+DELETE FROM dagwerk_steps WHERE task_id IN (
+    SELECT task_id FROM dagwerk_tasks WHERE run_id IN (SELECT value FROM json_each(:runs)));
+
+-- name: retention_delete_waits
+DELETE FROM dagwerk_waits WHERE task_id IN (
+    SELECT task_id FROM dagwerk_tasks WHERE run_id IN (SELECT value FROM json_each(:runs)));
+
+-- name: retention_delete_recoveries
+DELETE FROM dagwerk_recoveries WHERE task_id IN (
+    SELECT task_id FROM dagwerk_tasks WHERE run_id IN (SELECT value FROM json_each(:runs)));
+
+-- name: retention_delete_attempts
+DELETE FROM dagwerk_attempts WHERE task_id IN (
+    SELECT task_id FROM dagwerk_tasks WHERE run_id IN (SELECT value FROM json_each(:runs)));
+
+-- name: retention_delete_deliveries
+DELETE FROM dagwerk_deliveries WHERE run_id IN (SELECT value FROM json_each(:runs));
+
+-- name: retention_delete_dead_letters
+DELETE FROM dagwerk_dead_letters WHERE run_id IN (SELECT value FROM json_each(:runs));
+
+-- name: retention_delete_budget_holds
+DELETE FROM dagwerk_budget_holds WHERE run_id IN (SELECT value FROM json_each(:runs));
+
+-- name: retention_delete_tasks
+DELETE FROM dagwerk_tasks WHERE run_id IN (SELECT value FROM json_each(:runs));
+
+-- name: retention_delete_outputs
+DELETE FROM dagwerk_outputs WHERE run_id IN (SELECT value FROM json_each(:runs));
+
+-- name: retention_delete_launches
+DELETE FROM dagwerk_launches WHERE run_id IN (SELECT value FROM json_each(:runs));
+
+-- name: retention_delete_nodes
+DELETE FROM dagwerk_nodes WHERE run_id IN (SELECT value FROM json_each(:runs));
+
+-- name: retention_delete_run_links
+DELETE FROM dagwerk_run_links WHERE run_id IN (SELECT value FROM json_each(:runs));
+
+-- name: retention_delete_run_accounts
+DELETE FROM dagwerk_run_accounts WHERE run_id IN (SELECT value FROM json_each(:runs));
+
+-- name: retention_delete_budgets
+DELETE FROM dagwerk_budgets WHERE account_id IN (SELECT value FROM json_each(:runs));
+
+-- name: retention_delete_stalls
+DELETE FROM dagwerk_stalls WHERE run_id IN (SELECT value FROM json_each(:runs));
+
+-- name: retention_delete_runs
+DELETE FROM dagwerk_runs WHERE run_id IN (SELECT value FROM json_each(:runs));

@@ -236,3 +236,10 @@ CREATE TABLE dagwerk_steps (
     recorded_at REAL NOT NULL,
     PRIMARY KEY (task_id, name)
 ) WITHOUT ROWID;
+
+-- version 14: what retention looks up (finished runs by finish time, the
+-- launches of a run, the dead letters of a task).
+CREATE INDEX dagwerk_runs_finished ON dagwerk_runs (finished_at, run_id)
+    WHERE finished_at IS NOT NULL;
+CREATE INDEX dagwerk_launches_run ON dagwerk_launches (run_id);
+CREATE INDEX dagwerk_dead_letters_task ON dagwerk_dead_letters (task_id);
