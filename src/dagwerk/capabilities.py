@@ -44,6 +44,7 @@ from dagwerk.store import (
     WaitResponseStore,
     WorkerPresenceStore,
 )
+from dagwerk.store_logs import TaskLogStore
 
 __all__ = ["StoreCapabilities"]
 
@@ -78,6 +79,7 @@ class StoreCapabilities:
     delayed_retry: DelayedRetryStore | None
     rerun: NodeRerunStore | None
     closable: ClosableStore | None
+    task_logs: TaskLogStore | None
     limits: Limits | None
     """The limits the store validates with (a :class:`LimitedStore`)."""
 

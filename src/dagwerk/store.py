@@ -101,9 +101,21 @@ from dagwerk.models import (
     ResolvedOutput,
     TaskInputPlan,
 )
+from dagwerk.store_logs import (
+    MAX_TASK_LOG_BATCH,
+    MAX_TASK_LOG_READ,
+    TaskLogError,
+    TaskLogLine,
+    TaskLogQuery,
+    TaskLogStore,
+    check_task_log_lines,
+    check_task_log_query,
+)
 from dagwerk.topology import RunTopology
 
 __all__ = [
+    "MAX_TASK_LOG_BATCH",
+    "MAX_TASK_LOG_READ",
     "WORKER_RECORDS_KEPT_SECONDS",
     "AttemptRecord",
     "BackstopStore",
@@ -151,6 +163,10 @@ __all__ = [
     "TaskClaimResult",
     "TaskCompletionResult",
     "TaskFailureResult",
+    "TaskLogError",
+    "TaskLogLine",
+    "TaskLogQuery",
+    "TaskLogStore",
     "TaskRecord",
     "TaskRecoveryResult",
     "TaskResumeResult",
@@ -163,6 +179,8 @@ __all__ = [
     "WorkerPresenceRequest",
     "WorkerPresenceStore",
     "WorkerRecord",
+    "check_task_log_lines",
+    "check_task_log_query",
     "check_worker_presence",
     "validate_output_batch_routing_size",
     "validate_output_batch_size",

@@ -53,8 +53,10 @@ from dagwerk.store import (
     WaitRecordStore,
     validate_wait_id,
 )
+from dagwerk.store_logs import TaskLogLine
 from dagwerk.waiting import resume_task
 
+from ._logs import read_logs
 from ._plugins import EngineRegistry, import_plugin_modules, plugin_problems
 from ._results import RunNotFoundError, RunProgress, RunResult, read_progress, read_result
 from ._urls import DEFAULT_URL, open_store
@@ -595,6 +597,35 @@ class Engine:
         """Dead letters in the order they were parked (re-injected ones included)."""
         letters: list[DeadLetter] = self._store.list_dead_letters(run_id)
         return letters
+
+    def logs(
+        self,
+        run_id: str,
+        *,
+        task_id: str | None = None,
+        node: str | None = None,
+        attempt: int | None = None,
+        after: int = 0,
+        limit: int | None = None,
+    ) -> list[TaskLogLine]:
+        """The lines the run's plugins logged, in stored order: of one task,
+        one node (its slug) and one attempt number where given, after the line
+        whose ``line_id`` is ``after`` (to follow a running run), at most
+        ``limit`` of them. Needs a store that keeps task logs (every built-in one)."""
+        store = self._capabilities.task_logs
+        if store is None:
+            raise UnsupportedOperationError("this store keeps no task logs")
+        self._require_run(run_id)
+        node_index = None if node is None else self._indices(run_id, [node])[0]
+        return read_logs(
+            store,
+            run_id,
+            task_id=task_id,
+            node_index=node_index,
+            attempt=attempt,
+            after=after,
+            limit=limit,
+        )
 
     def reinject(self, dead_letter_id: str) -> str | None:
         """Give a dead letter's task a fresh attempt; the new attempt ID or ``None``."""

@@ -3,7 +3,9 @@ between it and the worker.
 
 The worker writes a job (its ``sys.path``, then the plugin, the inputs and
 the context, as two pickles) to the process's pipe; the process runs it and
-writes back one reply ``(kind, outputs, error, wait_id, children)``. A
+writes back one reply ``(kind, outputs, error, wait_id, children)``,
+preceded by the attempt's log lines, if it logged any (see
+``runtime/task_logs.py``). A
 process's first message, empty, says it has started. See
 ``runtime/_process_pool.py`` for the processes' lifecycle.
 """
@@ -21,6 +23,7 @@ import os
 import pickle
 import sys
 import threading
+from functools import partial
 from multiprocessing.connection import Connection
 from signal import SIGINT, Signals
 from signal import signal as install_handler
@@ -33,6 +36,7 @@ from dagwerk.runtime.context import AbortSignal, TaskContext
 from dagwerk.runtime.errors import NonRetryableError
 from dagwerk.runtime.outcomes import ExecutionOutcome, OutcomeKind, as_coroutine, outcome_of_call
 from dagwerk.runtime.plugins import PluginFn
+from dagwerk.runtime.task_logs import run_in_plugin_process
 
 __all__ = [
     "PluginTransferError",
@@ -167,7 +171,7 @@ def _reply_bytes(outcome: ExecutionOutcome, children: dict[str, Any]) -> bytes:
         return _dumps(as_text)
 
 
-def _run_job(data: bytes, abort: AbortSignal) -> bytes:
+def _run_job(data: bytes, abort: AbortSignal, conn: Connection) -> bytes:
     """Run one job in the plugin process; the reply for the worker."""
     stream = io.BytesIO(data)
     try:
@@ -190,7 +194,9 @@ def _run_job(data: bytes, abort: AbortSignal) -> bytes:
             return asyncio.run(as_coroutine(result))
         return result
 
-    outcome = outcome_of_call(call, ctx.task_id)
+    own_process = multiprocessing.parent_process() is not None
+    captured = partial(run_in_plugin_process, ctx.task_log, conn.send_bytes, call)
+    outcome = outcome_of_call(partial(captured, own_process=own_process), ctx.task_id)
     # Child runs the plugin asked for travel back with a wait: the worker
     # process commits them (see dagwerk.runtime.children).
     children = dict(ctx.children.pending) if outcome.kind is OutcomeKind.WAIT else {}
@@ -224,7 +230,7 @@ def serve_plugin_process(conn: Connection, abort: AbortSignal) -> None:
             data = conn.recv_bytes()
         except (EOFError, OSError):
             return  # the pool closed the pipe, or the worker process died
-        reply = contextvars.Context().run(_run_job, data, abort)
+        reply = contextvars.Context().run(_run_job, data, abort, conn)
         _restore_cwd(cwd)
         if os.environ != environ:
             os.environ.clear()

@@ -132,6 +132,7 @@ def _finish(
     outcomes: list[ExecutionOutcome | Exception],
     attempts: list[Attempt],
 ) -> None:
+    worker.task_logs.flush()  # the attempts' lines are stored before they settle
     try:
         _settle_all(worker, runnable, outcomes)
     finally:

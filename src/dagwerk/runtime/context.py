@@ -15,6 +15,7 @@ from dagwerk.lineage import child_wait_id
 from dagwerk.runtime.budget_guard import ByteLimits
 from dagwerk.runtime.children import ChildRequests, ChildResult, ChildRunError
 from dagwerk.runtime.errors import ExecutionRootError, TaskCancelled, WaitRequested
+from dagwerk.runtime.task_logs import AttemptLog
 from dagwerk.store import validate_wait_id
 
 __all__ = ["AbortSignal", "TaskContext", "validate_execution_root"]
@@ -68,6 +69,8 @@ class TaskContext:
     """Child runs this attempt asked for (see :meth:`start_child`)."""
     byte_limits: ByteLimits = field(default_factory=ByteLimits)
     """The worker's per-task byte limits, fixed at worker construction (BG-01)."""
+    task_log: AttemptLog | None = None
+    """Where the attempt's log lines are captured (``None``: nowhere)."""
 
     def check_cancelled(self) -> None:
         """Raise :class:`TaskCancelled` if the abort signal has fired."""

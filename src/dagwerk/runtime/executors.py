@@ -48,6 +48,7 @@ from dagwerk.runtime.context import TaskContext
 from dagwerk.runtime.errors import TaskCancelled
 from dagwerk.runtime.outcomes import ExecutionOutcome, OutcomeKind, as_coroutine, outcome_of_call
 from dagwerk.runtime.plugins import PluginFn
+from dagwerk.runtime.task_logs import captured, forward_log_message, is_log_message
 
 __all__ = [
     "AsyncExecutor",
@@ -228,7 +229,7 @@ class ThreadExecutor:
             return result
 
         def body() -> None:
-            settlement.claim(outcome_of_call(call, ctx.task_id))
+            settlement.claim(outcome_of_call(captured(ctx.task_log, call), ctx.task_id))
 
         # A pooled daemon thread: same semantics as a new one, without the
         # start-up cost per attempt (see runtime/_threads.py).
@@ -299,7 +300,7 @@ def call_job(job: AttemptJob) -> ExecutionOutcome:
             return asyncio.run(as_coroutine(result))
         return result
 
-    return outcome_of_call(call, job.ctx.task_id)
+    return outcome_of_call(captured(job.ctx.task_log, call), job.ctx.task_id)
 
 
 @dataclass(frozen=True, slots=True)
@@ -356,7 +357,7 @@ class AsyncExecutor:
                 loop_ready.set()
 
         def body() -> None:
-            settlement.claim(outcome_of_call(call, ctx.task_id))
+            settlement.claim(outcome_of_call(captured(ctx.task_log, call), ctx.task_id))
 
         def stop() -> None:
             loop_ready.wait(timeout=5)
@@ -493,6 +494,9 @@ class ProcessExecutor:
                     process.ready = True
                     signal.wake.set()
                 data = process.conn.recv_bytes()
+                while is_log_message(data):  # lines the plugin logged, then the reply
+                    forward_log_message(ctx.task_log, data)
+                    data = process.conn.recv_bytes()
             except (EOFError, OSError):
                 died.append(True)
                 process.conn.close()

@@ -87,6 +87,7 @@ from dagwerk.runtime.plugins import PluginFn, PluginRegistry, PluginSpec
 from dagwerk.runtime.presence import Presence
 from dagwerk.runtime.retry_policy import RetryPolicy
 from dagwerk.runtime.sweep import StaleSweeper, SweepReport
+from dagwerk.runtime.task_logs import TaskLogLimits, TaskLogWriter
 from dagwerk.store import (
     BatchQueueStore,
     ClaimedDelivery,
@@ -173,6 +174,7 @@ class Worker:
         cost_estimates: Mapping[str, CostEstimate] | None = None,
         batched: bool = True,
         prefer_run: str | None = None,
+        task_log_limits: TaskLogLimits | None = None,
     ) -> None:
         if type(concurrency) is not int or concurrency < 1:
             raise DagwerkError("concurrency must be an int >= 1", field="concurrency")
@@ -244,6 +246,8 @@ class Worker:
         limits = byte_limits or ByteLimits()
         self.byte_limits = ByteLimits(limits.max_input_bytes, limits.max_output_bytes)
         self.cost_estimates: dict[str, CostEstimate] = dict(cost_estimates or {})
+        # What plugins log during an attempt, stored per attempt (task_logs.py).
+        self.task_logs = TaskLogWriter(self.capabilities.task_logs, task_log_limits)
         # Gated dispatch: observers (metrics) and the periodic backstop, which
         # runs from the background loop only (once at start, then every
         # ``backstop_interval`` seconds; ``None`` disables it).
@@ -308,6 +312,7 @@ class Worker:
             self.presence.stop()
         if self._owned_executor is not None:
             self._owned_executor.close()
+        self.task_logs.close()
 
     def _take_claimed_ahead(self) -> list[ClaimedDelivery]:
         taken, self._claimed_ahead = self._claimed_ahead, []
@@ -638,6 +643,7 @@ class Worker:
             self._report(delivery, "error", f"{type(exc).__name__}: {exc}")
 
     def _settle_attempt(self, attempt: Attempt, outcome: ExecutionOutcome) -> None:
+        self.task_logs.flush()  # the attempt's lines are stored before it settles
         self._settle(
             attempt.delivery,
             outcome,
@@ -718,6 +724,13 @@ class Worker:
             heartbeat_fn=heartbeat,
             wait_response=response,
             byte_limits=self.byte_limits,
+            task_log=self.task_logs.open(
+                run_id=delivery.run_id,
+                task_id=delivery.task_id,
+                node_index=delivery.node_index,
+                attempt=attempt,
+                secrets=secrets,
+            ),
         )
 
     def _heartbeat(self, delivery: LeasedDelivery, entry: Running, bound: float) -> None:

@@ -844,3 +844,17 @@ WHERE (lease_owner IS NULL OR lease_expires_at <= :now)
       SELECT 1 FROM dagwerk_launches AS l
       WHERE l.launch_id = d.launch_id
         AND l.plugin = ANY (ARRAY(SELECT jsonb_array_elements_text(CAST(:plugins AS jsonb))))));
+
+-- name: task_log_insert
+INSERT INTO dagwerk_task_logs
+    (run_id, task_id, node_index, attempt, at, level, logger, message, traceback)
+VALUES (:run_id, :task_id, :node_index, :attempt, :at, :level, :logger, :message, :traceback);
+
+-- name: task_logs_read
+SELECT line_id, run_id, task_id, node_index, attempt, at, level, logger, message, traceback
+FROM dagwerk_task_logs
+WHERE run_id = :run_id AND line_id > :after
+  AND (CAST(:task_id AS text) IS NULL OR task_id = :task_id)
+  AND (CAST(:node_index AS bigint) IS NULL OR node_index = :node_index)
+  AND (CAST(:attempt AS bigint) IS NULL OR attempt = :attempt)
+ORDER BY line_id LIMIT :limit;

@@ -26,7 +26,9 @@ CREATE TABLE dagwerk_runs (
     -- Creation order among runs created in the same instant.
     seq BIGINT GENERATED ALWAYS AS IDENTITY,
     -- version 8: the name of the pipeline the run was submitted from.
-    pipeline TEXT
+    pipeline TEXT,
+    -- version 11: the submitter's W3C trace context.
+    traceparent TEXT
 );
 CREATE INDEX dagwerk_runs_created ON dagwerk_runs (created_at, seq);
 
@@ -262,3 +264,19 @@ CREATE TABLE dagwerk_workers (
     seen_at DOUBLE PRECISION NOT NULL,
     expires_at DOUBLE PRECISION NOT NULL
 );
+
+-- version 11: task logs, one row per captured line.
+CREATE TABLE dagwerk_task_logs (
+    line_id BIGINT GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
+    run_id TEXT NOT NULL,
+    task_id TEXT NOT NULL,
+    node_index BIGINT NOT NULL,
+    attempt BIGINT NOT NULL,
+    at DOUBLE PRECISION NOT NULL,
+    level TEXT NOT NULL,
+    logger TEXT NOT NULL,
+    message TEXT NOT NULL,
+    traceback TEXT
+);
+CREATE INDEX dagwerk_task_logs_run ON dagwerk_task_logs (run_id, line_id);
+CREATE INDEX dagwerk_task_logs_task ON dagwerk_task_logs (task_id, attempt, line_id);

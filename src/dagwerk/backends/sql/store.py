@@ -7,6 +7,7 @@ from ._children import ChildrenMixin
 from ._frontier import FrontierMixin
 from ._gated import GatedMixin
 from ._launches import LaunchesMixin
+from ._logs import LogsMixin
 from ._queue import QueueMixin
 from ._runs import RunsMixin
 from ._tasks import TasksMixin
@@ -27,6 +28,7 @@ class SqlStore(
     GatedMixin,
     WorkersMixin,
     FrontierMixin,
+    LogsMixin,
 ):
     """Implements ``DagStore``, ``DagWaitStore``, ``DagRetryStore``,
     ``OutputResolver`` (the seed's protocols), their extensions

@@ -681,3 +681,17 @@ WHERE (lease_owner IS NULL OR lease_expires_at <= :now)
       SELECT 1 FROM dagwerk_launches AS l
       WHERE l.launch_id = d.launch_id
         AND l.plugin IN (SELECT value FROM json_each(:plugins))));
+
+-- name: task_log_insert
+INSERT INTO dagwerk_task_logs
+    (run_id, task_id, node_index, attempt, at, level, logger, message, traceback)
+VALUES (:run_id, :task_id, :node_index, :attempt, :at, :level, :logger, :message, :traceback);
+
+-- name: task_logs_read
+SELECT line_id, run_id, task_id, node_index, attempt, at, level, logger, message, traceback
+FROM dagwerk_task_logs
+WHERE run_id = :run_id AND line_id > :after
+  AND (:task_id IS NULL OR task_id = :task_id)
+  AND (:node_index IS NULL OR node_index = :node_index)
+  AND (:attempt IS NULL OR attempt = :attempt)
+ORDER BY line_id LIMIT :limit;

@@ -1,0 +1,1 @@
+-- dagwerk PostgreSQL schema, version 10: reserved (no change) so version 11 follows without a gap.
