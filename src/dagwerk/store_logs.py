@@ -16,6 +16,8 @@ from typing import Protocol, runtime_checkable
 from dagwerk.errors import DagwerkError
 
 __all__ = [
+    "DEFAULT_TASK_LOG_MAX_BYTES",
+    "DEFAULT_TASK_LOG_MAX_LINES",
     "MAX_TASK_LOG_BATCH",
     "MAX_TASK_LOG_READ",
     "TaskLogError",
@@ -25,6 +27,12 @@ __all__ = [
     "check_task_log_lines",
     "check_task_log_query",
 ]
+
+DEFAULT_TASK_LOG_MAX_BYTES = 1 << 20
+"""A worker keeps at most this many bytes of each attempt's log (1 MiB)."""
+
+DEFAULT_TASK_LOG_MAX_LINES = 10_000
+"""A worker keeps at most this many lines of each attempt's log."""
 
 MAX_TASK_LOG_READ = 10_000
 """The most lines one :meth:`TaskLogStore.read_task_logs` call returns."""

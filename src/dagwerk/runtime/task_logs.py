@@ -40,7 +40,13 @@ from dataclasses import dataclass
 from typing import Any, Protocol, TextIO, TypeVar
 
 from dagwerk.errors import DagwerkError
-from dagwerk.store_logs import MAX_TASK_LOG_BATCH, TaskLogLine, TaskLogStore
+from dagwerk.store_logs import (
+    DEFAULT_TASK_LOG_MAX_BYTES,
+    DEFAULT_TASK_LOG_MAX_LINES,
+    MAX_TASK_LOG_BATCH,
+    TaskLogLine,
+    TaskLogStore,
+)
 
 __all__ = [
     "DEFAULT_TASK_LOG_MAX_BYTES",
@@ -58,12 +64,6 @@ __all__ = [
 ]
 
 _LOG = logging.getLogger("dagwerk.runtime.task_logs")
-
-DEFAULT_TASK_LOG_MAX_BYTES = 1 << 20
-"""An attempt keeps at most this many bytes of messages and tracebacks (1 MiB)."""
-
-DEFAULT_TASK_LOG_MAX_LINES = 10_000
-"""An attempt keeps at most this many lines."""
 
 FLUSH_SECONDS = 0.5
 """How long a captured line waits at most before it is written (or shipped)."""
