@@ -20,8 +20,8 @@ __all__ = [
     "test_task_logs_append_and_read_in_stored_order",
     "test_task_logs_filter_by_task_node_and_attempt",
     "test_task_logs_follow_after_a_line_with_a_limit",
-    "test_task_logs_refuse_malformed_requests",
     "test_task_logs_keep_every_field",
+    "test_task_logs_refuse_malformed_requests",
 ]
 
 
