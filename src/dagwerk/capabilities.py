@@ -44,7 +44,7 @@ from dagwerk.store import (
     WaitResponseStore,
     WorkerPresenceStore,
 )
-from dagwerk.store_logs import TaskLogStore
+from dagwerk.store_logs import RunTraceStore, TaskLogStore
 
 __all__ = ["StoreCapabilities"]
 
@@ -80,6 +80,7 @@ class StoreCapabilities:
     rerun: NodeRerunStore | None
     closable: ClosableStore | None
     task_logs: TaskLogStore | None
+    run_traces: RunTraceStore | None
     limits: Limits | None
     """The limits the store validates with (a :class:`LimitedStore`)."""
 

@@ -104,12 +104,14 @@ from dagwerk.models import (
 from dagwerk.store_logs import (
     MAX_TASK_LOG_BATCH,
     MAX_TASK_LOG_READ,
+    RunTraceStore,
     TaskLogError,
     TaskLogLine,
     TaskLogQuery,
     TaskLogStore,
     check_task_log_lines,
     check_task_log_query,
+    check_traceparent,
 )
 from dagwerk.topology import RunTopology
 
@@ -156,6 +158,7 @@ __all__ = [
     "RunRecord",
     "RunReopenResult",
     "RunTopologyStore",
+    "RunTraceStore",
     "RunningTasksStore",
     "StallRecord",
     "StoreContractError",
@@ -181,6 +184,7 @@ __all__ = [
     "WorkerRecord",
     "check_task_log_lines",
     "check_task_log_query",
+    "check_traceparent",
     "check_worker_presence",
     "validate_output_batch_routing_size",
     "validate_output_batch_size",

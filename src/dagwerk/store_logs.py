@@ -1,14 +1,18 @@
-"""Task logs in the store: the lines a plugin logged during an attempt.
+"""Task logs and trace contexts in the store.
 
 A worker captures what a plugin logs during an attempt (see
 :mod:`dagwerk.runtime.task_logs`) and writes the lines in batches through
 :class:`TaskLogStore`; ``dagwerk logs`` and ``Engine.logs`` read them back.
 Lines are stored in the run's database, keyed by run, so deleting a run's
 logs is one ``DELETE ... WHERE run_id = ?`` on an indexed column.
+:class:`RunTraceStore` keeps the W3C trace context of the code that
+submitted a run, so the spans of every worker join its trace (see
+:mod:`dagwerk.tracing`).
 """
 
 from __future__ import annotations
 
+import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Protocol, runtime_checkable
@@ -20,12 +24,14 @@ __all__ = [
     "DEFAULT_TASK_LOG_MAX_LINES",
     "MAX_TASK_LOG_BATCH",
     "MAX_TASK_LOG_READ",
+    "RunTraceStore",
     "TaskLogError",
     "TaskLogLine",
     "TaskLogQuery",
     "TaskLogStore",
     "check_task_log_lines",
     "check_task_log_query",
+    "check_traceparent",
 ]
 
 DEFAULT_TASK_LOG_MAX_BYTES = 1 << 20
@@ -158,4 +164,36 @@ class TaskLogStore(Protocol):
         """The lines ``query`` selects, in stored order, each with its
         ``line_id``; an empty list when there are none (or no such run).
         Read-only. A malformed query raises :class:`TaskLogError`."""
+        ...
+
+
+_TRACEPARENT = re.compile(r"^[0-9a-f]{2}-[0-9a-f]{32}-[0-9a-f]{16}-[0-9a-f]{2}$")
+
+
+def check_traceparent(traceparent: object) -> str:
+    """``traceparent`` if it is a W3C ``traceparent`` header value
+    (``00-<32 hex>-<16 hex>-<2 hex>``); :class:`TaskLogError` otherwise."""
+    if not isinstance(traceparent, str) or not _TRACEPARENT.match(traceparent):
+        raise TaskLogError(
+            "traceparent must be a W3C traceparent (00-<trace id>-<span id>-<flags>)",
+            field="traceparent",
+        )
+    return traceparent
+
+
+@runtime_checkable
+class RunTraceStore(Protocol):
+    """The submitter's trace context of each run (dagwerk extension).
+    Without it, each worker's spans start traces of their own."""
+
+    def set_run_traceparent(self, run_id: str, traceparent: str) -> bool:
+        """Store ``traceparent`` with the run in one transaction; whether it
+        was stored. A run that does not exist, or has one already, is left
+        as it is (``False``; an exact repeat too). A malformed value raises
+        :class:`TaskLogError`."""
+        ...
+
+    def get_run_traceparent(self, run_id: str) -> str | None:
+        """The run's stored trace context; ``None`` without one (or without
+        the run). Read-only."""
         ...

@@ -54,6 +54,7 @@ from dagwerk.store import (
     validate_wait_id,
 )
 from dagwerk.store_logs import TaskLogLine
+from dagwerk.tracing import now_ns, record_submit
 from dagwerk.waiting import resume_task
 
 from ._logs import read_logs
@@ -288,10 +289,12 @@ class Engine:
         assert isinstance(merged, dict)
         run_input: dict[str, object] = dict(merged)
         run_id = run_id if run_id is not None else new_run_id()
+        submitted_ns = now_ns()
         if not self._store.create_run(
             run_id, node_list, run_input=run_input, failure_policy=policy, pipeline=pipeline_name
         ):
             raise RunExistsError(f"run {run_id!r} already exists", field="run_id")
+        record_submit(self._capabilities.run_traces, run_id, submitted_ns)
         # The budget is set while the run is PENDING, so no task runs outside it.
         if (
             budgets is not None

@@ -88,6 +88,7 @@ from dagwerk.runtime.presence import Presence
 from dagwerk.runtime.retry_policy import RetryPolicy
 from dagwerk.runtime.sweep import StaleSweeper, SweepReport
 from dagwerk.runtime.task_logs import TaskLogLimits, TaskLogWriter
+from dagwerk.runtime.traced import attempt_started, attempts_settled, attempts_settling
 from dagwerk.store import (
     BatchQueueStore,
     ClaimedDelivery,
@@ -101,6 +102,7 @@ from dagwerk.store import (
     WaitResponseStore,
 )
 from dagwerk.task_input import resolve_task_inputs
+from dagwerk.tracing import WorkerTracing, traced_callbacks
 from dagwerk.waiting import wait_task
 
 __all__ = [
@@ -248,6 +250,10 @@ class Worker:
         self.cost_estimates: dict[str, CostEstimate] = dict(cost_estimates or {})
         # What plugins log during an attempt, stored per attempt (task_logs.py).
         self.task_logs = TaskLogWriter(self.capabilities.task_logs, task_log_limits)
+        # OpenTelemetry spans, when this process traces (dagwerk/tracing.py).
+        self.tracing = WorkerTracing.create(self.capabilities.run_traces, self.capabilities.runs)
+        if self.tracing is not None:
+            self.callbacks = traced_callbacks(self.callbacks, self.tracing)
         # Gated dispatch: observers (metrics) and the periodic backstop, which
         # runs from the background loop only (once at start, then every
         # ``backstop_interval`` seconds; ``None`` disables it).
@@ -603,6 +609,7 @@ class Worker:
             bound=attempt.bound,
         )
         notify(self.observers, "task_started", attempt.delivery, attempt.node)
+        attempt_started(self.tracing, attempt)
         return attempt.ctx
 
     def _run(self, attempt: Attempt, *, watch: bool = True) -> ExecutionOutcome:
@@ -644,14 +651,18 @@ class Worker:
 
     def _settle_attempt(self, attempt: Attempt, outcome: ExecutionOutcome) -> None:
         self.task_logs.flush()  # the attempt's lines are stored before it settles
-        self._settle(
-            attempt.delivery,
-            outcome,
-            attempt.task.attempt_number,
-            attempt.policy,
-            attempt.entry.signal,
-            ctx=attempt.ctx,
-        )
+        attempts_settling(self.tracing, [attempt], [outcome])
+        try:
+            self._settle(
+                attempt.delivery,
+                outcome,
+                attempt.task.attempt_number,
+                attempt.policy,
+                attempt.entry.signal,
+                ctx=attempt.ctx,
+            )
+        finally:
+            attempts_settled(self.tracing, [attempt])
 
     def _node(self, delivery: LeasedDelivery) -> DagNode | None:
         # A RunTopologyStore hands out one cached definition instead of

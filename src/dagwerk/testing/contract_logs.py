@@ -1,4 +1,5 @@
-"""Contract tests: stored task log lines (:class:`~dagwerk.store.TaskLogStore`)."""
+"""Contract tests: stored task log lines (:class:`~dagwerk.store.TaskLogStore`)
+and the runs' trace contexts (:class:`~dagwerk.store.RunTraceStore`)."""
 
 from __future__ import annotations
 
@@ -10,11 +11,13 @@ import pytest
 from dagwerk.store import (
     MAX_TASK_LOG_BATCH,
     MAX_TASK_LOG_READ,
+    RunTraceStore,
     TaskLogError,
     TaskLogLine,
     TaskLogQuery,
     TaskLogStore,
 )
+from dagwerk.testing.helpers import new_run, root
 
 __all__ = [
     "test_task_logs_append_and_read_in_stored_order",
@@ -22,6 +25,7 @@ __all__ = [
     "test_task_logs_follow_after_a_line_with_a_limit",
     "test_task_logs_keep_every_field",
     "test_task_logs_refuse_malformed_requests",
+    "test_trace_context_is_stored_once_per_run",
 ]
 
 
@@ -157,3 +161,25 @@ def test_task_logs_refuse_malformed_requests(
             logs.append_task_logs([_line("a")] * (MAX_TASK_LOG_BATCH + 1))
         assert too_many.value.field == "lines" and too_many.value.limit == MAX_TASK_LOG_BATCH
         assert _read(logs) == []
+
+
+TRACEPARENT = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"
+
+
+def test_trace_context_is_stored_once_per_run(store: Any) -> None:
+    traces = store
+    assert isinstance(traces, RunTraceStore)
+    assert traces.get_run_traceparent("run-1") is None
+    assert traces.set_run_traceparent("run-1", TRACEPARENT) is False  # no such run
+    new_run(store, [root("a")])
+    assert traces.get_run_traceparent("run-1") is None
+    assert traces.set_run_traceparent("run-1", TRACEPARENT) is True
+    assert traces.get_run_traceparent("run-1") == TRACEPARENT
+    other = "00-" + "1" * 32 + "-" + "2" * 16 + "-00"
+    assert traces.set_run_traceparent("run-1", other) is False
+    assert traces.get_run_traceparent("run-1") == TRACEPARENT
+    bad_values: list[Any] = ["", "00-xyz", TRACEPARENT.upper(), None]
+    for bad in bad_values:
+        with pytest.raises(TaskLogError) as raised:
+            traces.set_run_traceparent("run-1", bad)
+        assert raised.value.field == "traceparent"

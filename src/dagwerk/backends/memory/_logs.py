@@ -1,5 +1,5 @@
-"""Task logs of the in-memory store (the reference for
-:class:`~dagwerk.store.TaskLogStore`)."""
+"""Task logs and trace contexts of the in-memory store (the reference for
+:class:`~dagwerk.store.TaskLogStore` and :class:`~dagwerk.store.RunTraceStore`)."""
 
 from __future__ import annotations
 
@@ -12,6 +12,7 @@ from dagwerk.store_logs import (
     TaskLogQuery,
     check_task_log_lines,
     check_task_log_query,
+    check_traceparent,
 )
 
 from ._base import MemoryStoreBase
@@ -23,6 +24,7 @@ class LogsMixin(MemoryStoreBase):
         # Per run, its lines in stored order; line IDs count across runs.
         self._task_logs: dict[str, list[TaskLogLine]] = {}
         self._task_log_ids = 0
+        self._traceparents: dict[str, str] = {}
 
     def append_task_logs(self, lines: Sequence[TaskLogLine]) -> None:
         check_task_log_lines(lines)
@@ -48,3 +50,15 @@ class LogsMixin(MemoryStoreBase):
                 if len(found) >= query.limit:
                     break
         return found
+
+    def set_run_traceparent(self, run_id: str, traceparent: str) -> bool:
+        check_traceparent(traceparent)
+        with self._lock:
+            if run_id not in self._runs or run_id in self._traceparents:
+                return False
+            self._traceparents[run_id] = traceparent
+            return True
+
+    def get_run_traceparent(self, run_id: str) -> str | None:
+        with self._lock:
+            return self._traceparents.get(run_id)

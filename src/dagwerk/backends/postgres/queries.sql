@@ -858,3 +858,10 @@ WHERE run_id = :run_id AND line_id > :after
   AND (CAST(:node_index AS bigint) IS NULL OR node_index = :node_index)
   AND (CAST(:attempt AS bigint) IS NULL OR attempt = :attempt)
 ORDER BY line_id LIMIT :limit;
+
+-- name: run_set_traceparent
+UPDATE dagwerk_runs SET traceparent = :traceparent
+WHERE run_id = :run_id AND traceparent IS NULL;
+
+-- name: run_traceparent
+SELECT traceparent FROM dagwerk_runs WHERE run_id = :run_id;

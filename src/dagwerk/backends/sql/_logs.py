@@ -1,4 +1,5 @@
-"""Task logs in the SQL store (see :class:`~dagwerk.store.TaskLogStore`)."""
+"""Task logs and trace contexts in the SQL store (see
+:class:`~dagwerk.store.TaskLogStore` and :class:`~dagwerk.store.RunTraceStore`)."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ from dagwerk.store_logs import (
     TaskLogQuery,
     check_task_log_lines,
     check_task_log_query,
+    check_traceparent,
 )
 
 from ._base import SqlStoreBase
@@ -65,3 +67,13 @@ class LogsMixin(SqlStoreBase):
             )
             for row in rows
         ]
+
+    def set_run_traceparent(self, run_id: str, traceparent: str) -> bool:
+        check_traceparent(traceparent)
+        with self._gw.write() as tx:
+            changed = tx.run("run_set_traceparent", {"run_id": run_id, "traceparent": traceparent})
+        return changed == 1
+
+    def get_run_traceparent(self, run_id: str) -> str | None:
+        row = self._gw.read_one("run_traceparent", {"run_id": run_id})
+        return None if row is None else row["traceparent"]

@@ -695,3 +695,10 @@ WHERE run_id = :run_id AND line_id > :after
   AND (:node_index IS NULL OR node_index = :node_index)
   AND (:attempt IS NULL OR attempt = :attempt)
 ORDER BY line_id LIMIT :limit;
+
+-- name: run_set_traceparent
+UPDATE dagwerk_runs SET traceparent = :traceparent
+WHERE run_id = :run_id AND traceparent IS NULL;
+
+-- name: run_traceparent
+SELECT traceparent FROM dagwerk_runs WHERE run_id = :run_id;
