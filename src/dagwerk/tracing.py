@@ -26,6 +26,7 @@ error status).
 
 from __future__ import annotations
 
+import logging
 import sys
 import threading
 import time
@@ -40,6 +41,7 @@ from dagwerk.store_logs import RunTraceStore
 __all__ = ["WorkerTracing", "now_ns", "record_submit", "traced_callbacks", "tracing_active"]
 
 _TRACER_NAME = "dagwerk"
+_LOG = logging.getLogger("dagwerk.tracing")
 
 
 def _trace_module() -> Any | None:
@@ -91,6 +93,10 @@ def record_submit(store: RunTraceStore | None, run_id: str, started_ns: int) -> 
         traceparent = carrier.get("traceparent")
         if traceparent is not None:
             store.set_run_traceparent(run_id, traceparent)
+    except Exception:
+        # The run is stored and is started next: without its trace context
+        # its workers' spans start traces of their own.
+        _LOG.exception("storing the trace context of run %s failed", run_id)
     finally:
         span.end()
 
@@ -178,9 +184,13 @@ class WorkerTracing:
         """The attempt is settled: emit its spans (and those of runs that ended)."""
         with self._lock:
             entry = self._open.pop(key, None)
-        if entry is not None:
-            self._emit_attempt(entry, now_ns())
-        self._emit_runs()
+        # Tracing never fails an attempt: a span that cannot be made is lost.
+        try:
+            if entry is not None:
+                self._emit_attempt(entry, now_ns())
+            self._emit_runs()
+        except Exception:
+            _LOG.exception("emitting the spans of attempt %s failed", key)
 
     def _emit_attempt(self, entry: _Open, end_ns: int) -> None:
         trace = self._trace
@@ -216,9 +226,14 @@ class WorkerTracing:
         """One store transaction for ``run_ids``' attempts ran from ``started_ns`` to now."""
         if not run_ids:
             return
+        try:
+            context = self._context(run_ids[0])
+        except Exception:
+            _LOG.exception("reading the trace context of run %s failed", run_ids[0])
+            return
         span = self._tracer.start_span(
             "dagwerk.store.batch",
-            context=self._context(run_ids[0]),
+            context=context,
             start_time=started_ns,
             attributes={
                 "dagwerk.operation": operation,

@@ -4,13 +4,50 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import TYPE_CHECKING
+from enum import Enum
+from typing import Protocol
 
 from dagwerk.tracing import WorkerTracing, now_ns
 
-if TYPE_CHECKING:
-    from dagwerk.runtime.attempts import Attempt
-    from dagwerk.runtime.outcomes import ExecutionOutcome
+# What is read of the worker's Attempt and ExecutionOutcome: as protocols,
+# so this module stays out of the worker's modules' import cycle.
+
+
+class _Delivery(Protocol):
+    @property
+    def delivery_id(self) -> str: ...
+    @property
+    def run_id(self) -> str: ...
+    @property
+    def task_id(self) -> str: ...
+
+
+class _Task(Protocol):
+    @property
+    def attempt_number(self) -> int: ...
+    @property
+    def started_at(self) -> float | None: ...
+
+
+class _Node(Protocol):
+    @property
+    def slug(self) -> str: ...
+
+
+class Attempt(Protocol):
+    @property
+    def delivery(self) -> _Delivery: ...
+    @property
+    def task(self) -> _Task: ...
+    @property
+    def node(self) -> _Node: ...
+
+
+class ExecutionOutcome(Protocol):
+    @property
+    def kind(self) -> Enum: ...
+    @property
+    def error(self) -> BaseException | None: ...
 
 __all__ = ["attempt_started", "attempts_settled", "attempts_settling", "batch_stored", "now_ns"]
 
