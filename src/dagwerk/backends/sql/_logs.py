@@ -75,5 +75,6 @@ class LogsMixin(SqlStoreBase):
         return changed == 1
 
     def get_run_traceparent(self, run_id: str) -> str | None:
-        row = self._gw.read_one("run_traceparent", {"run_id": run_id})
+        with self._gw.read() as tx:
+            row = tx.one("run_traceparent", {"run_id": run_id})
         return None if row is None else row["traceparent"]
