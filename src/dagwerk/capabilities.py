@@ -45,6 +45,7 @@ from dagwerk.store import (
     WaitResponseStore,
     WorkerPresenceStore,
 )
+from dagwerk.store_logs import RunTraceStore, TaskLogStore
 from dagwerk.store_retention import RunRetentionStore
 
 __all__ = ["StoreCapabilities"]
@@ -82,6 +83,8 @@ class StoreCapabilities:
     rerun: NodeRerunStore | None
     closable: ClosableStore | None
     retention: RunRetentionStore | None
+    task_logs: TaskLogStore | None
+    run_traces: RunTraceStore | None
     limits: Limits | None
     """The limits the store validates with (a :class:`LimitedStore`)."""
 

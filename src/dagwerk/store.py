@@ -105,6 +105,18 @@ from dagwerk.store_lifetime import (
     ClosableStore,
     LimitedStore,
 )
+from dagwerk.store_logs import (
+    MAX_TASK_LOG_BATCH,
+    MAX_TASK_LOG_READ,
+    RunTraceStore,
+    TaskLogError,
+    TaskLogLine,
+    TaskLogQuery,
+    TaskLogStore,
+    check_task_log_lines,
+    check_task_log_query,
+    check_traceparent,
+)
 from dagwerk.store_queue import (
     DagQueueStore,
     DeadLetter,
@@ -215,6 +227,16 @@ __all__ = [  # noqa: RUF022 (extension modules' names grouped at the end)
     "TaskJournal",
     "TaskWaitEntry",
     "validate_step_name",
+    "MAX_TASK_LOG_BATCH",
+    "MAX_TASK_LOG_READ",
+    "RunTraceStore",
+    "TaskLogError",
+    "TaskLogLine",
+    "TaskLogQuery",
+    "TaskLogStore",
+    "check_task_log_lines",
+    "check_task_log_query",
+    "check_traceparent",
 ]
 __all__ += [  # dagwerk.store_retention
     "DEFAULT_RETENTION_BATCH",

@@ -192,6 +192,8 @@ def test_tasks_stored_before_attempt_times_show_none(url: str, tmp_path: Path) -
             for column in ("started_at", "finished_at"):
                 conn.execute(f"ALTER TABLE {table} DROP COLUMN {column}")
         conn.execute("DROP TABLE dagwerk_steps")
+        conn.execute("DROP TABLE dagwerk_task_logs")
+        conn.execute("ALTER TABLE dagwerk_runs DROP COLUMN traceparent")
         conn.execute("DELETE FROM dagwerk_schema_version WHERE version >= 9")
     conn.close()
     shown = _show_json(url, run_id)  # opening the store migrates to version 9

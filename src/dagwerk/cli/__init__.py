@@ -11,6 +11,7 @@ from dagwerk.cli.app import cli, main
 from dagwerk.cli.commands_control import cancel, dlq, rerun, resume, retry
 from dagwerk.cli.commands_gated import serve
 from dagwerk.cli.commands_inspect import outputs, runs, show
+from dagwerk.cli.commands_logs import logs
 from dagwerk.cli.commands_retention import gc
 from dagwerk.cli.commands_run import run, submit, worker
 from dagwerk.cli.commands_static import graph, schema, validate
@@ -25,6 +26,7 @@ for _command in (
     runs,
     show,
     outputs,
+    logs,
     cancel,
     retry,
     rerun,

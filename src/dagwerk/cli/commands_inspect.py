@@ -19,6 +19,7 @@ from dagwerk.cli.commands_common import (
     open_engine,
     render_table,
 )
+from dagwerk.cli.commands_logs import line_json, line_text, log_tail
 from dagwerk.cli.composite import describe_composite, render_composite
 from dagwerk.cli.journal_view import add_journals, render_journals
 from dagwerk.constants import TaskStatus
@@ -26,6 +27,7 @@ from dagwerk.constants import TaskStatus
 if TYPE_CHECKING:
     from dagwerk.engine import Engine
     from dagwerk.store import TaskRecord
+    from dagwerk.store_logs import TaskLogLine
 
 __all__ = ["outputs", "runs", "show"]
 
@@ -151,7 +153,15 @@ def describe_run(engine: Engine, run_id: str) -> dict[str, Any]:
             }
         )
     task_rows = []
+    tails = 0
     for task in tasks:
+        tail = None
+        if task.status in (TaskStatus.FAILED, TaskStatus.CRASHED) and tails < MAX_LISTED:
+            # A failed task's last log lines, next to its error.
+            tails += 1
+            slug = nodes[task.node_index].slug
+            lines = log_tail(engine, run_id, task.task_id, task.attempt_number)
+            tail = [line_json(line, slug) for line in lines]
         task_rows.append(
             {
                 "task_id": task.task_id,
@@ -166,6 +176,7 @@ def describe_run(engine: Engine, run_id: str) -> dict[str, Any]:
                 "started_at": task.started_at,
                 "finished_at": task.finished_at,
                 "attempts": _attempts(engine, task),
+                "log_tail": tail,
             }
         )
     add_journals(engine, run_id, task_rows)
@@ -306,6 +317,23 @@ def show(
     _print_summary(described, db)
 
 
+def _as_line(item: dict[str, Any]) -> TaskLogLine:
+    from dagwerk.store_logs import TaskLogLine
+
+    return TaskLogLine(
+        run_id=item["run_id"],
+        task_id=item["task_id"],
+        node_index=0,
+        attempt=item["attempt"],
+        at=item["at"],
+        level=item["level"],
+        logger=item["logger"],
+        message=item["message"],
+        traceback=item["traceback"],
+        line_id=item["line_id"],
+    )
+
+
 def _took(task: dict[str, Any]) -> str:
     """How long the task's current attempt ran, once it settled."""
     started, finished = task["started_at"], task["finished_at"]
@@ -366,6 +394,18 @@ def _print_summary(described: dict[str, Any], db: str) -> None:
             "failed attempts",
             f"dagwerk show {run_id} --json{where}",
         )
+    for task in described["tasks"]:
+        if task.get("log_tail"):
+            click.echo(
+                safe_line(
+                    f"last log lines of task {task['task_id']} ({task['node']}, "
+                    f"attempt {task['attempt']}): dagwerk logs {run_id} --task "
+                    f"{task['task_id']}{where}"
+                )
+            )
+            for item in task["log_tail"]:
+                for text in line_text(_as_line(item), task["node"]):
+                    click.echo("  " + text)
     waits = described["waits"]
     for wait in waits[:MAX_LISTED]:
         click.echo(

@@ -33,6 +33,7 @@ from dagwerk.cli.commands_common import (
 )
 from dagwerk.constants import DEFAULT_BURST_HORIZON, RUN_TERMINAL_STATUSES, TaskStatus
 from dagwerk.errors import DagwerkError
+from dagwerk.store_logs import DEFAULT_TASK_LOG_MAX_BYTES, DEFAULT_TASK_LOG_MAX_LINES
 
 if TYPE_CHECKING:
     from dagwerk.engine import Engine, RunProgress, RunResult
@@ -400,6 +401,22 @@ def submit(
     metavar="AGE",
     help="Also delete runs finished longer ago than AGE (30d, 12h, ...), every few minutes.",
 )
+@click.option(
+    "--task-log-max-bytes",
+    type=click.IntRange(min=0),
+    default=DEFAULT_TASK_LOG_MAX_BYTES,
+    show_default=True,
+    metavar="N",
+    help="Keep at most N bytes of each attempt's log (0: store no task logs).",
+)
+@click.option(
+    "--task-log-max-lines",
+    type=click.IntRange(min=0),
+    default=DEFAULT_TASK_LOG_MAX_LINES,
+    show_default=True,
+    metavar="N",
+    help="Keep at most N lines of each attempt's log (0: store no task logs).",
+)
 @log_level_option
 def worker(
     *,
@@ -414,6 +431,8 @@ def worker(
     metrics_port: int | None = None,
     backstop_interval: float = 30.0,
     retention: str | None = None,
+    task_log_max_bytes: int = DEFAULT_TASK_LOG_MAX_BYTES,
+    task_log_max_lines: int = DEFAULT_TASK_LOG_MAX_LINES,
     log_level: str = "info",
 ) -> None:
     """Serve the database's queue: run the tasks of every run stored there.
@@ -436,6 +455,7 @@ def worker(
     from dagwerk.cli.commands_retention import age_seconds
     from dagwerk.pipeline_file import load_pipeline
     from dagwerk.runtime.heap import freeze_startup_heap
+    from dagwerk.runtime.task_logs import TaskLogLimits
 
     retention_age = None if retention is None else age_seconds(retention, "--retention")
     loaded: list[Pipeline] = []
@@ -459,6 +479,7 @@ def worker(
             backstop_interval=backstop_interval or None,
             queues=list(queues) or None,
             retention=retention_age,
+            task_log_limits=TaskLogLimits(task_log_max_bytes, task_log_max_lines),
         )
         health_server = None
         if metrics_port is not None:

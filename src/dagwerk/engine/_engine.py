@@ -59,9 +59,12 @@ from dagwerk.store import (
     WaitRecordStore,
     validate_wait_id,
 )
+from dagwerk.store_logs import TaskLogLine
 from dagwerk.store_retention import DEFAULT_RETENTION_BATCH
+from dagwerk.tracing import now_ns, record_submit
 from dagwerk.waiting import resume_task
 
+from ._logs import read_logs
 from ._plugins import EngineRegistry, import_plugin_modules, plugin_problems
 from ._results import (
     MAX_TREE_RUNS,
@@ -303,10 +306,12 @@ class Engine:
         assert isinstance(merged, dict)
         run_input: dict[str, object] = dict(merged)
         run_id = check_identifier(run_id, field="run_id") if run_id is not None else new_run_id()
+        submitted_ns = now_ns()
         if not self._store.create_run(
             run_id, node_list, run_input=run_input, failure_policy=policy, pipeline=pipeline_name
         ):
             raise RunExistsError(f"run {run_id!r} already exists", field="run_id")
+        record_submit(self._capabilities.run_traces, run_id, submitted_ns)
         # The budget is set while the run is PENDING, so no task runs outside it.
         budget_store = self._capabilities.budgets
         if (
@@ -691,6 +696,35 @@ class Engine:
             statuses=statuses,
             dry_run=dry_run,
             batch_size=batch_size,
+        )
+
+    def logs(
+        self,
+        run_id: str,
+        *,
+        task_id: str | None = None,
+        node: str | None = None,
+        attempt: int | None = None,
+        after: int = 0,
+        limit: int | None = None,
+    ) -> list[TaskLogLine]:
+        """The lines the run's plugins logged, in stored order: of one task,
+        one node (its slug) and one attempt number where given, after the line
+        whose ``line_id`` is ``after`` (to follow a running run), at most
+        ``limit`` of them. Needs a store that keeps task logs (every built-in one)."""
+        store = self._capabilities.task_logs
+        if store is None:
+            raise UnsupportedOperationError("this store keeps no task logs")
+        self._require_run(run_id)
+        node_index = None if node is None else self._indices(run_id, [node])[0]
+        return read_logs(
+            store,
+            run_id,
+            task_id=task_id,
+            node_index=node_index,
+            attempt=attempt,
+            after=after,
+            limit=limit,
         )
 
     def reinject(self, dead_letter_id: str) -> str | None:

@@ -3,11 +3,12 @@ between it and the worker.
 
 The worker writes a job (its ``sys.path``, then the plugin, the inputs and
 the context, as two pickles) to the process's pipe; the process runs it and
-writes back one reply ``(kind, outputs, error, wait_id, children)``. A
-process's first message, empty, says it has started. While the plugin
-runs, each ``ctx.step`` it records is a step request (:data:`STEP_REQUEST`
-and a pickle of ``(name, result)``) that the worker answers with
-``("ok", recorded result)`` or ``("error", exception)``
+writes back one reply ``(kind, outputs, error, wait_id, children)``,
+preceded by the attempt's log lines, if it logged any (see
+``runtime/task_logs.py``). A process's first message, empty, says it has
+started. While the plugin runs, each ``ctx.step`` it records is a step
+request (:data:`STEP_REQUEST` and a pickle of ``(name, result)``) that the
+worker answers with ``("ok", recorded result)`` or ``("error", exception)``
 (:func:`answer_step_request`). See ``runtime/_process_pool.py`` for the
 processes' lifecycle.
 """
@@ -25,6 +26,7 @@ import os
 import pickle
 import sys
 import threading
+from functools import partial
 from multiprocessing.connection import Connection
 from signal import SIGINT, Signals
 from signal import signal as install_handler
@@ -38,6 +40,7 @@ from dagwerk.runtime.durable import AttemptJournal, StepError, StepRecorder
 from dagwerk.runtime.errors import NonRetryableError
 from dagwerk.runtime.outcomes import ExecutionOutcome, OutcomeKind, as_coroutine, outcome_of_call
 from dagwerk.runtime.plugins import PluginFn
+from dagwerk.runtime.task_logs import run_in_plugin_process
 
 __all__ = [
     "STEP_REQUEST",
@@ -240,7 +243,9 @@ def _run_job(data: bytes, abort: AbortSignal, conn: Connection) -> bytes:
             return asyncio.run(as_coroutine(result))
         return result
 
-    outcome = outcome_of_call(call, ctx.task_id)
+    own_process = multiprocessing.parent_process() is not None
+    captured = partial(run_in_plugin_process, ctx.task_log, conn.send_bytes, call)
+    outcome = outcome_of_call(partial(captured, own_process=own_process), ctx.task_id)
     # Child runs the plugin asked for travel back with a wait: the worker
     # process commits them (see dagwerk.runtime.children).
     children = dict(ctx.children.pending) if outcome.kind is OutcomeKind.WAIT else {}

@@ -37,6 +37,12 @@ from dagwerk.runtime.actor import LoopHandedOver
 from dagwerk.runtime.attempts import Attempt, BatchReads
 from dagwerk.runtime.budget_guard import check_output_limit
 from dagwerk.runtime.executors import AttemptJob, ExecutionOutcome, OutcomeKind, ThreadExecutor
+from dagwerk.runtime.traced import (
+    attempts_settled,
+    attempts_settling,
+    batch_stored,
+    now_ns,
+)
 from dagwerk.store import (
     BatchQueueStore,
     ClaimedDelivery,
@@ -132,9 +138,12 @@ def _finish(
     outcomes: list[ExecutionOutcome | Exception],
     attempts: list[Attempt],
 ) -> None:
+    worker.task_logs.flush()  # the attempts' lines are stored before they settle
+    attempts_settling(worker.tracing, runnable, outcomes)
     try:
         _settle_all(worker, runnable, outcomes)
     finally:
+        attempts_settled(worker.tracing, runnable)
         _forget(worker, attempts)
 
 
@@ -316,6 +325,7 @@ def _complete_all(
         if store is not None and (any(expected) or not worker._stopped):
             ahead.extend(_claim(worker, store, 0.0))
 
+    stored_from = now_ns()
     try:
         results = complete_attempts(
             worker.store,
@@ -334,6 +344,7 @@ def _complete_all(
             assert isinstance(outcome, ExecutionOutcome)
             worker._handle_settle(attempt, outcome)
         return
+    batch_stored(worker.tracing, done, "complete_attempts", stored_from)
     worker._claimed_ahead.extend(ahead)
     for attempt, result in zip(done, results, strict=True):
         delivery = attempt.delivery

@@ -30,6 +30,7 @@ from dagwerk.runtime.errors import (
     TaskCancelled,
     WaitRequested,
 )
+from dagwerk.runtime.task_logs import AttemptLog
 from dagwerk.store import InvalidStoreValueError, validate_step_name, validate_wait_id
 
 __all__ = ["AbortSignal", "ChildRunFailed", "TaskContext", "validate_execution_root"]
@@ -113,6 +114,8 @@ class TaskContext:
     journal: AttemptJournal = field(default_factory=AttemptJournal)
     """What earlier attempts of the task recorded (steps, resolved waits,
     child runs) and what this attempt has used of it."""
+    task_log: AttemptLog | None = None
+    """Where the attempt's log lines are captured (``None``: nowhere)."""
 
     def check_cancelled(self) -> None:
         """Raise :class:`TaskCancelled` if the abort signal has fired."""

@@ -50,6 +50,7 @@ from dagwerk.runtime.context import TaskContext
 from dagwerk.runtime.errors import TaskCancelled
 from dagwerk.runtime.outcomes import ExecutionOutcome, OutcomeKind, as_coroutine, outcome_of_call
 from dagwerk.runtime.plugins import PluginFn
+from dagwerk.runtime.task_logs import captured, forward_log_message, is_log_message
 
 __all__ = [
     "AsyncExecutor",
@@ -230,7 +231,7 @@ class ThreadExecutor:
             return result
 
         def body() -> None:
-            settlement.claim(outcome_of_call(call, ctx.task_id))
+            settlement.claim(outcome_of_call(captured(ctx.task_log, call), ctx.task_id))
 
         # A pooled daemon thread: same semantics as a new one, without the
         # start-up cost per attempt (see runtime/_threads.py).
@@ -301,7 +302,7 @@ def call_job(job: AttemptJob) -> ExecutionOutcome:
             return asyncio.run(as_coroutine(result))
         return result
 
-    return outcome_of_call(call, job.ctx.task_id)
+    return outcome_of_call(captured(job.ctx.task_log, call), job.ctx.task_id)
 
 
 @dataclass(frozen=True, slots=True)
@@ -358,7 +359,7 @@ class AsyncExecutor:
                 loop_ready.set()
 
         def body() -> None:
-            settlement.claim(outcome_of_call(call, ctx.task_id))
+            settlement.claim(outcome_of_call(captured(ctx.task_log, call), ctx.task_id))
 
         def stop() -> None:
             loop_ready.wait(timeout=5)
@@ -495,8 +496,13 @@ class ProcessExecutor:
                     process.ready = True
                     signal.wake.set()
                 data = process.conn.recv_bytes()
-                while data.startswith(STEP_REQUEST):
-                    process.conn.send_bytes(answer_step_request(ctx.journal, data))
+                while True:  # step requests and logged lines, then the reply
+                    if data.startswith(STEP_REQUEST):
+                        process.conn.send_bytes(answer_step_request(ctx.journal, data))
+                    elif is_log_message(data):
+                        forward_log_message(ctx.task_log, data)
+                    else:
+                        break
                     data = process.conn.recv_bytes()
             except (EOFError, OSError):
                 died.append(True)

@@ -90,6 +90,8 @@ from dagwerk.runtime.presence import Presence
 from dagwerk.runtime.retention import PeriodicRetention, RetentionPolicy
 from dagwerk.runtime.retry_policy import RetryPolicy
 from dagwerk.runtime.sweep import StaleSweeper, SweepReport
+from dagwerk.runtime.task_logs import TaskLogLimits, TaskLogWriter
+from dagwerk.runtime.traced import attempt_started, attempts_settled, attempts_settling
 from dagwerk.store import (
     BatchQueueStore,
     ClaimedDelivery,
@@ -103,6 +105,7 @@ from dagwerk.store import (
     WaitResponseStore,
 )
 from dagwerk.task_input import resolve_task_inputs
+from dagwerk.tracing import WorkerTracing, traced_callbacks
 from dagwerk.waiting import wait_task
 
 __all__ = [
@@ -177,6 +180,7 @@ class Worker:
         batched: bool = True,
         prefer_run: str | None = None,
         retention: float | timedelta | str | RetentionPolicy | None = None,
+        task_log_limits: TaskLogLimits | None = None,
     ) -> None:
         if type(concurrency) is not int or concurrency < 1:
             raise DagwerkError("concurrency must be an int >= 1", field="concurrency")
@@ -248,6 +252,12 @@ class Worker:
         limits = byte_limits or ByteLimits()
         self.byte_limits = ByteLimits(limits.max_input_bytes, limits.max_output_bytes)
         self.cost_estimates: dict[str, CostEstimate] = dict(cost_estimates or {})
+        # What plugins log during an attempt, stored per attempt (task_logs.py).
+        self.task_logs = TaskLogWriter(self.capabilities.task_logs, task_log_limits)
+        # OpenTelemetry spans, when this process traces (dagwerk/tracing.py).
+        self.tracing = WorkerTracing.create(self.capabilities.run_traces, self.capabilities.runs)
+        if self.tracing is not None:
+            self.callbacks = traced_callbacks(self.callbacks, self.tracing)
         # Gated dispatch: observers (metrics) and the periodic backstop, which
         # runs from the background loop only (once at start, then every
         # ``backstop_interval`` seconds; ``None`` disables it).
@@ -317,6 +327,7 @@ class Worker:
             self.presence.stop()
         if self._owned_executor is not None:
             self._owned_executor.close()
+        self.task_logs.close()
 
     def _take_claimed_ahead(self) -> list[ClaimedDelivery]:
         taken, self._claimed_ahead = self._claimed_ahead, []
@@ -609,6 +620,7 @@ class Worker:
             bound=attempt.bound,
         )
         notify(self.observers, "task_started", attempt.delivery, attempt.node)
+        attempt_started(self.tracing, attempt)
         return attempt.ctx
 
     def _run(self, attempt: Attempt, *, watch: bool = True) -> ExecutionOutcome:
@@ -649,14 +661,19 @@ class Worker:
             self._report(delivery, "error", f"{type(exc).__name__}: {exc}")
 
     def _settle_attempt(self, attempt: Attempt, outcome: ExecutionOutcome) -> None:
-        self._settle(
-            attempt.delivery,
-            outcome,
-            attempt.task.attempt_number,
-            attempt.policy,
-            attempt.entry.signal,
-            ctx=attempt.ctx,
-        )
+        self.task_logs.flush()  # the attempt's lines are stored before it settles
+        attempts_settling(self.tracing, [attempt], [outcome])
+        try:
+            self._settle(
+                attempt.delivery,
+                outcome,
+                attempt.task.attempt_number,
+                attempt.policy,
+                attempt.entry.signal,
+                ctx=attempt.ctx,
+            )
+        finally:
+            attempts_settled(self.tracing, [attempt])
 
     def _node(self, delivery: LeasedDelivery) -> DagNode | None:
         # A RunTopologyStore hands out one cached definition instead of
@@ -735,6 +752,13 @@ class Worker:
                 attempt=attempt,
                 resumed_from=resumed_from,
                 wait_response=response,
+            ),
+            task_log=self.task_logs.open(
+                run_id=delivery.run_id,
+                task_id=delivery.task_id,
+                node_index=delivery.node_index,
+                attempt=attempt,
+                secrets=secrets,
             ),
         )
 

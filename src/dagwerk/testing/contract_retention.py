@@ -309,6 +309,7 @@ def test_gc_06_bad_requests_raise_typed_errors(
 
 
 def _gate(inputs: TaskInputs, ctx: TaskContext) -> dict[str, object]:
+    ctx.logger.warning("the gate waits for approval")
     stamp = ctx.step("stamp", lambda: {"at": 1})
     return {"approved": ctx.wait("approval"), "stamp": stamp}
 

@@ -36,6 +36,7 @@ from dagwerk.testing.contract_fastpath import *  # noqa: F403
 from dagwerk.testing.contract_fencing import *  # noqa: F403
 from dagwerk.testing.contract_finalisation import *  # noqa: F403
 from dagwerk.testing.contract_frontier import *  # noqa: F403
+from dagwerk.testing.contract_logs import *  # noqa: F403
 from dagwerk.testing.contract_orchestration import *  # noqa: F403
 from dagwerk.testing.contract_outbox import *  # noqa: F403
 from dagwerk.testing.contract_policies import *  # noqa: F403

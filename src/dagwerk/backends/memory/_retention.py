@@ -18,9 +18,10 @@ from dagwerk.store_retention import (
 
 from ._durable import DurableMixin
 from ._gated import GatedMixin
+from ._logs import LogsMixin
 
 
-class RetentionMixin(DurableMixin, GatedMixin):
+class RetentionMixin(DurableMixin, GatedMixin, LogsMixin):
     def delete_finished_runs(
         self,
         *,
@@ -124,5 +125,7 @@ class RetentionMixin(DurableMixin, GatedMixin):
                 if not siblings:
                     del self._children[link.parent_run_id]
         self._children.pop(run_id, None)
+        rows["task_logs"] += len(self._task_logs.pop(run_id, ()))
+        self._traceparents.pop(run_id, None)
         if self._stalls.pop(run_id, None) is not None:
             rows["stalls"] += 1

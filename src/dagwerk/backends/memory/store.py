@@ -13,6 +13,7 @@ from ._durable import DurableMixin
 from ._frontier import FrontierMixin
 from ._gated import GatedMixin
 from ._launches import LaunchesMixin
+from ._logs import LogsMixin
 from ._queue import QueueMixin
 from ._retention import RetentionMixin
 from ._runs import RunsMixin
@@ -32,6 +33,7 @@ class MemoryStore(
     GatedMixin,
     WorkersMixin,
     FrontierMixin,
+    LogsMixin,
 ):
     """Implements ``DagStore``, ``DagWaitStore``, ``DagRetryStore``,
     ``OutputResolver`` (the seed's protocols), their extensions

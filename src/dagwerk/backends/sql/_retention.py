@@ -82,6 +82,7 @@ RUN_TABLES: Final = (
     RunTable("dagwerk_run_accounts", "run_id"),
     RunTable("dagwerk_budgets", "account_id"),
     RunTable("dagwerk_stalls", "run_id"),
+    RunTable("dagwerk_task_logs", "run_id"),
     RunTable("dagwerk_runs", "run_id"),
 )
 """Every table holding rows of a run, in delete order (``dagwerk_runs`` last)."""

@@ -764,6 +764,9 @@ SELECT run_id FROM dagwerk_runs WHERE run_id IN (SELECT value FROM json_each(:ru
 DELETE FROM dagwerk_steps WHERE task_id IN (
     SELECT task_id FROM dagwerk_tasks WHERE run_id IN (SELECT value FROM json_each(:runs)));
 
+-- name: retention_delete_task_logs
+DELETE FROM dagwerk_task_logs WHERE run_id IN (SELECT value FROM json_each(:runs));
+
 -- name: retention_delete_waits
 DELETE FROM dagwerk_waits WHERE task_id IN (
     SELECT task_id FROM dagwerk_tasks WHERE run_id IN (SELECT value FROM json_each(:runs)));
@@ -811,3 +814,24 @@ DELETE FROM dagwerk_stalls WHERE run_id IN (SELECT value FROM json_each(:runs));
 
 -- name: retention_delete_runs
 DELETE FROM dagwerk_runs WHERE run_id IN (SELECT value FROM json_each(:runs));
+
+-- name: task_log_insert
+INSERT INTO dagwerk_task_logs
+    (run_id, task_id, node_index, attempt, at, level, logger, message, traceback)
+VALUES (:run_id, :task_id, :node_index, :attempt, :at, :level, :logger, :message, :traceback);
+
+-- name: task_logs_read
+SELECT line_id, run_id, task_id, node_index, attempt, at, level, logger, message, traceback
+FROM dagwerk_task_logs
+WHERE run_id = :run_id AND line_id > :after
+  AND (:task_id IS NULL OR task_id = :task_id)
+  AND (:node_index IS NULL OR node_index = :node_index)
+  AND (:attempt IS NULL OR attempt = :attempt)
+ORDER BY line_id LIMIT :limit;
+
+-- name: run_set_traceparent
+UPDATE dagwerk_runs SET traceparent = :traceparent
+WHERE run_id = :run_id AND traceparent IS NULL;
+
+-- name: run_traceparent
+SELECT traceparent FROM dagwerk_runs WHERE run_id = :run_id;

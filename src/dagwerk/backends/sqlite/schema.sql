@@ -19,7 +19,7 @@ CREATE TABLE dagwerk_runs (
     node_count INTEGER NOT NULL,
     queue TEXT NOT NULL,
     priority INTEGER NOT NULL
-, created_at REAL NOT NULL DEFAULT 0, finished_at REAL, pipeline TEXT);
+, created_at REAL NOT NULL DEFAULT 0, finished_at REAL, pipeline TEXT, traceparent TEXT);
 CREATE INDEX dagwerk_runs_created ON dagwerk_runs (created_at);
 
 CREATE TABLE dagwerk_nodes (
@@ -236,6 +236,22 @@ CREATE TABLE dagwerk_steps (
     recorded_at REAL NOT NULL,
     PRIMARY KEY (task_id, name)
 ) WITHOUT ROWID;
+
+-- version 11: task logs, one row per captured line.
+CREATE TABLE dagwerk_task_logs (
+    line_id INTEGER PRIMARY KEY AUTOINCREMENT,
+    run_id TEXT NOT NULL,
+    task_id TEXT NOT NULL,
+    node_index INTEGER NOT NULL,
+    attempt INTEGER NOT NULL,
+    at REAL NOT NULL,
+    level TEXT NOT NULL,
+    logger TEXT NOT NULL,
+    message TEXT NOT NULL,
+    traceback TEXT
+);
+CREATE INDEX dagwerk_task_logs_run ON dagwerk_task_logs (run_id, line_id);
+CREATE INDEX dagwerk_task_logs_task ON dagwerk_task_logs (task_id, attempt, line_id);
 
 -- version 14: what retention looks up (finished runs by finish time, the
 -- launches of a run, the dead letters of a task).
