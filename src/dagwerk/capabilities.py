@@ -29,6 +29,7 @@ from dagwerk.store import (
     DagQueueStore,
     DagRunStore,
     DelayedRetryStore,
+    IdempotentSubmitStore,
     LimitedStore,
     LiveNodeStore,
     NodeRerunStore,
@@ -38,6 +39,7 @@ from dagwerk.store import (
     RunFrontierStore,
     RunningTasksStore,
     RunTopologyStore,
+    ScheduleStore,
     UnitOfWorkStore,
     WaitAgesStore,
     WaitRecordStore,
@@ -78,6 +80,8 @@ class StoreCapabilities:
     delayed_retry: DelayedRetryStore | None
     rerun: NodeRerunStore | None
     closable: ClosableStore | None
+    schedules: ScheduleStore | None
+    idempotent_submits: IdempotentSubmitStore | None
     limits: Limits | None
     """The limits the store validates with (a :class:`LimitedStore`)."""
 

@@ -101,6 +101,16 @@ from dagwerk.models import (
     ResolvedOutput,
     TaskInputPlan,
 )
+from dagwerk.store_schedules import (
+    IdempotentRun,
+    IdempotentSubmitStore,
+    NamedLease,
+    NewRun,
+    ScheduleFire,
+    ScheduleFireResult,
+    ScheduleRecord,
+    ScheduleStore,
+)
 from dagwerk.topology import RunTopology
 
 __all__ = [
@@ -124,11 +134,15 @@ __all__ = [
     "DelayedRetryStore",
     "Delivery",
     "ExpiredLease",
+    "IdempotentRun",
+    "IdempotentSubmitStore",
     "InvalidStoreValueError",
     "LaunchProgress",
     "LeasedDelivery",
     "LimitedStore",
     "LiveNodeStore",
+    "NamedLease",
+    "NewRun",
     "NodeLaunchRef",
     "NodeRerunStore",
     "OutputPublicationError",
@@ -145,6 +159,10 @@ __all__ = [
     "RunReopenResult",
     "RunTopologyStore",
     "RunningTasksStore",
+    "ScheduleFire",
+    "ScheduleFireResult",
+    "ScheduleRecord",
+    "ScheduleStore",
     "StallRecord",
     "StoreContractError",
     "TaskAttemptRef",

@@ -8,14 +8,17 @@ submits and runs pipelines, and builds workers.
 from __future__ import annotations
 
 from ._engine import (
+    DEFAULT_IDEMPOTENCY_RETENTION,
     Engine,
     EngineError,
+    IdempotencyConflictError,
     ResumeRejectedError,
     RunExistsError,
     RunWaitTimeoutError,
     UnknownNodeError,
     UnsupportedOperationError,
     new_run_id,
+    submit_fingerprint,
 )
 from ._plugins import (
     DEFAULT_REGISTRY,
@@ -28,15 +31,27 @@ from ._plugins import (
     search_for_plugins_in,
 )
 from ._results import RunNotFoundError, RunProgress, RunResult
+from ._schedules import (
+    BackfillProgress,
+    BackfillReport,
+    ScheduleExistsError,
+    ScheduleNotFoundError,
+    SyncReport,
+    UnknownPipelineError,
+)
 from ._urls import DEFAULT_URL, BackendUnavailableError, open_store
 
 __all__ = [
+    "DEFAULT_IDEMPOTENCY_RETENTION",
     "DEFAULT_REGISTRY",
     "DEFAULT_URL",
     "BackendUnavailableError",
+    "BackfillProgress",
+    "BackfillReport",
     "Engine",
     "EngineError",
     "EngineRegistry",
+    "IdempotencyConflictError",
     "PluginImportError",
     "PluginProblem",
     "ResumeRejectedError",
@@ -45,7 +60,11 @@ __all__ = [
     "RunProgress",
     "RunResult",
     "RunWaitTimeoutError",
+    "ScheduleExistsError",
+    "ScheduleNotFoundError",
+    "SyncReport",
     "UnknownNodeError",
+    "UnknownPipelineError",
     "UnsupportedOperationError",
     "import_plugin_modules",
     "new_run_id",
@@ -53,4 +72,5 @@ __all__ = [
     "plugin",
     "plugin_problems",
     "search_for_plugins_in",
+    "submit_fingerprint",
 ]

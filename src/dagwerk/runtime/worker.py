@@ -87,6 +87,7 @@ from dagwerk.runtime.plugins import PluginFn, PluginRegistry, PluginSpec
 from dagwerk.runtime.presence import Presence
 from dagwerk.runtime.retry_policy import RetryPolicy
 from dagwerk.runtime.sweep import StaleSweeper, SweepReport
+from dagwerk.scheduling.scheduler import DEFAULT_SCHEDULE_INTERVAL, worker_scheduler
 from dagwerk.store import (
     BatchQueueStore,
     ClaimedDelivery,
@@ -173,6 +174,7 @@ class Worker:
         cost_estimates: Mapping[str, CostEstimate] | None = None,
         batched: bool = True,
         prefer_run: str | None = None,
+        schedule_interval: float | None = DEFAULT_SCHEDULE_INTERVAL,
     ) -> None:
         if type(concurrency) is not int or concurrency < 1:
             raise DagwerkError("concurrency must be an int >= 1", field="concurrency")
@@ -258,6 +260,10 @@ class Worker:
                 callbacks=self.callbacks,
                 on_report=lambda report: notify(self.observers, "backstop_finished", report),
             )
+        # Schedules: this worker takes part in firing them (scheduling/).
+        self.scheduler = worker_scheduler(
+            store, interval=schedule_interval, clock=self.clock, holder=self.worker_id
+        )
         self._pool = ThreadPoolExecutor(max_workers=concurrency, thread_name_prefix="dagwerk-w")
         self._running: dict[str, Running] = {}
         self.monitor = AttemptMonitor(self)
@@ -290,11 +296,15 @@ class Worker:
         if self.presence is not None:
             self.presence.start()
         self.actor.start()
+        if self.scheduler is not None:
+            self.scheduler.start()
 
     def stop(self, timeout: float | None = None) -> None:
         """Stop admission, abort running attempts, wait for the batch in flight
         and stop the plugin processes of the executor this worker made."""
         self._stopped = True
+        if self.scheduler is not None:
+            self.scheduler.stop()
         with self._running_lock:
             running = list(self._running.values())
         for entry in running:

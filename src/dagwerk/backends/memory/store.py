@@ -14,11 +14,13 @@ from ._gated import GatedMixin
 from ._launches import LaunchesMixin
 from ._queue import QueueMixin
 from ._runs import RunsMixin
+from ._schedules import SchedulesMixin
 from ._tasks import TasksMixin
 from ._workers import WorkersMixin
 
 
 class MemoryStore(
+    SchedulesMixin,
     BatchMixin,
     ChildrenMixin,
     RunsMixin,

@@ -9,6 +9,7 @@ from ._gated import GatedMixin
 from ._launches import LaunchesMixin
 from ._queue import QueueMixin
 from ._runs import RunsMixin
+from ._schedules import SchedulesMixin
 from ._tasks import TasksMixin
 from ._waits import WaitsMixin
 from ._workers import WorkersMixin
@@ -17,6 +18,7 @@ __all__ = ["SqlStore"]
 
 
 class SqlStore(
+    SchedulesMixin,
     BatchMixin,
     ChildrenMixin,
     RunsMixin,

@@ -224,3 +224,34 @@ CREATE TABLE dagwerk_workers (
     seen_at REAL NOT NULL,
     expires_at REAL NOT NULL
 ) WITHOUT ROWID;
+
+-- version 12: schedules, their tick records and idempotent-submit keys.
+CREATE TABLE dagwerk_schedules (
+    schedule_id TEXT PRIMARY KEY,
+    name TEXT NOT NULL UNIQUE,
+    definition TEXT NOT NULL,
+    paused INTEGER NOT NULL DEFAULT 0,
+    tick_cursor REAL NOT NULL,
+    created_at REAL NOT NULL,
+    updated_at REAL NOT NULL
+) WITHOUT ROWID;
+
+CREATE TABLE dagwerk_schedule_fires (
+    schedule_id TEXT NOT NULL,
+    tick INTEGER NOT NULL,
+    schedule_name TEXT NOT NULL,
+    run_id TEXT,
+    source TEXT NOT NULL,
+    fired_at REAL NOT NULL,
+    PRIMARY KEY (schedule_id, tick)
+) WITHOUT ROWID;
+CREATE INDEX dagwerk_schedule_fires_run ON dagwerk_schedule_fires (run_id);
+
+CREATE TABLE dagwerk_idempotency_keys (
+    key TEXT PRIMARY KEY,
+    fingerprint TEXT NOT NULL,
+    run_id TEXT NOT NULL,
+    created_at REAL NOT NULL,
+    expires_at REAL NOT NULL
+) WITHOUT ROWID;
+CREATE INDEX dagwerk_idempotency_keys_expiry ON dagwerk_idempotency_keys (expires_at);
