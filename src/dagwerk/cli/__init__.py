@@ -12,6 +12,7 @@ from dagwerk.cli.commands_control import cancel, dlq, rerun, resume, retry
 from dagwerk.cli.commands_gated import serve
 from dagwerk.cli.commands_inspect import outputs, runs, show
 from dagwerk.cli.commands_run import run, submit, worker
+from dagwerk.cli.commands_schedule import backfill, schedule
 from dagwerk.cli.commands_static import graph, schema, validate
 
 for _command in (
@@ -30,6 +31,8 @@ for _command in (
     resume,
     dlq,
     serve,
+    schedule,
+    backfill,
 ):
     cli.add_command(_command)
 

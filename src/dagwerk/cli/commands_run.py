@@ -314,6 +314,11 @@ def _run_with_live_display(
 @_input_options
 @db_option
 @click.option("--run-id", help="Use this run ID (default: a fresh one).")
+@click.option(
+    "--idempotency-key",
+    metavar="KEY",
+    help="Submit at most once per KEY: a repeat prints the first run's ID (kept 24 h).",
+)
 @plugins_option
 @no_plugin_check_option
 @json_option
@@ -327,6 +332,7 @@ def submit(
     plugin_modules: tuple[str, ...],
     plugin_check: bool,
     as_json: bool,
+    idempotency_key: str | None = None,
 ) -> None:
     """Store and start a run of a pipeline file; print its ID and return.
 
@@ -348,7 +354,7 @@ def submit(
     if plugin_check:
         load_pipeline_plugins(pipeline, EngineRegistry(), plugin_modules)
     with open_engine(db) as engine:
-        new_id = engine.submit(pipeline, run_input, run_id=run_id)
+        new_id = engine.submit(pipeline, run_input, run_id=run_id, idempotency_key=idempotency_key)
     if as_json:
         echo_json({"run_id": new_id})
     else:
@@ -395,6 +401,13 @@ def submit(
     show_default=True,
     help="Seconds between backstop passes (0: no backstop in this worker).",
 )
+@click.option(
+    "--schedule-interval",
+    type=click.FloatRange(min=0),
+    default=1.0,
+    show_default=True,
+    help="Seconds between scheduler passes (0: this worker fires no schedules).",
+)
 @log_level_option
 def worker(
     *,
@@ -408,6 +421,7 @@ def worker(
     burst_horizon: float = DEFAULT_BURST_HORIZON,
     metrics_port: int | None = None,
     backstop_interval: float = 30.0,
+    schedule_interval: float = 1.0,
     log_level: str = "info",
 ) -> None:
     """Serve the database's queue: run the tasks of every run stored there.
@@ -449,6 +463,7 @@ def worker(
             concurrency=concurrency,
             executor=executor,
             backstop_interval=backstop_interval or None,
+            schedule_interval=schedule_interval or None,
             queues=list(queues) or None,
         )
         health_server = None

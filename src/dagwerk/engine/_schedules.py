@@ -102,7 +102,8 @@ class PipelineRegistry:
         """``(reference as stored, pipeline)``: a registered name first, then a
         pipeline file (stored as its absolute path)."""
         if isinstance(reference, Pipeline):
-            return reference.name, reference
+            source = Path(reference.source)
+            return (str(source.resolve()) if source.is_file() else reference.name), reference
         if not isinstance(reference, str) or not reference:
             raise UnknownPipelineError(
                 "pipeline must be a registered pipeline name or a pipeline file path",
@@ -207,7 +208,8 @@ class EngineSchedules:
         record = self.store.put_schedule(definition, replace=replace)
         if record is None:
             raise ScheduleExistsError(
-                f"schedule {definition.name!r} exists (replace it, or delete it first)",
+                f"schedule {definition.name!r} exists (replace it with --replace / "
+                "replace=True, or delete it first)",
                 field="name",
             )
         return record

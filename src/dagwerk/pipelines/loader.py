@@ -158,7 +158,9 @@ def _check_schedules(spec: PipelineSpec, document: SourceDocument) -> None:
             )
         seen.add(entry.name)
         try:
-            ScheduleDefinition.build(entry.name, document.path, spec.nodes, **entry.options())
+            options = entry.options()
+            options["run_input"] = options.pop("input")
+            ScheduleDefinition.build(entry.name, document.path, spec.nodes, **options)
         except DagwerkError as error:
             raise _located(
                 document,
