@@ -39,6 +39,8 @@ _TYPED = [
     "delayed_retry",
     "rerun",
     "closable",
+    "schedules",
+    "idempotent_submits",
 ]
 
 

@@ -156,10 +156,10 @@ def test_sc_c04_a_refused_run_records_no_tick(qstore: QueueContractStore) -> Non
     with pytest.raises(InvalidStoreValueError):
         store.fire_schedule_tick(
             record.schedule_id,
-            60.5,
+            60.5,  # type: ignore[arg-type]
             source="schedule",
             run=_run("r1"),
-            advance_cursor=True,  # type: ignore[arg-type]
+            advance_cursor=True,
         )
     assert store.list_schedule_fires(record.schedule_id) == []
     assert store.get_run_status("r1") is None
@@ -196,8 +196,8 @@ def test_sc_c05_concurrent_fires_of_one_tick_create_one_run(qstore: QueueContrac
     assert sorted(results) == [False, False, False, True]
     existing = [i for i in range(4) if store.get_run_status(f"c{i}") is not None]
     assert len(existing) == 1
-    (fire,) = store.list_schedule_fires(record.schedule_id)
-    assert fire.run_id == f"c{existing[0]}"
+    (recorded,) = store.list_schedule_fires(record.schedule_id)
+    assert recorded.run_id == f"c{existing[0]}"
 
 
 def test_sc_c06_fires_are_listed_newest_first_with_filters(qstore: QueueContractStore) -> None:
