@@ -300,11 +300,15 @@ def test_idempotent_submit(clock_engine: tuple[Engine, FakeClock]) -> None:
     nodes = [root("a")]
     first = engine.submit(nodes, {"order": 1}, idempotency_key="order-1")
     assert engine.submit(nodes, {"order": 1}, idempotency_key="order-1") == first
+    repeat = engine.submit_once(nodes, {"order": 1}, idempotency_key="order-1")
+    assert (repeat.run_id, repeat.created) == (first, False)
+    fresh = engine.submit_once(nodes, {"order": 9}, idempotency_key="order-9")
+    assert fresh.created and fresh.run_id != first
     assert engine.get_run(first).status is RunStatus.RUNNING  # type: ignore[union-attr]
     with pytest.raises(IdempotencyConflictError) as caught:
         engine.submit(nodes, {"order": 2}, idempotency_key="order-1")
     assert caught.value.run_id == first and caught.value.field == "idempotency_key"
-    assert len(engine.list_runs()) == 1
+    assert len(engine.list_runs()) == 2
     clock.advance(86_400)  # the retention (24 h) is over: the key is free
     later = engine.submit(nodes, {"order": 2}, idempotency_key="order-1")
     assert later != first

@@ -16,6 +16,7 @@ import threading
 import time
 import uuid
 from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
 from typing import Any
@@ -91,6 +92,7 @@ __all__ = [
     "ResumeRejectedError",
     "RunExistsError",
     "RunWaitTimeoutError",
+    "SubmitOutcome",
     "UnknownNodeError",
     "UnsupportedOperationError",
 ]
@@ -148,6 +150,14 @@ class IdempotencyConflictError(EngineError, ValueError):
     def __init__(self, message: str, *, run_id: str) -> None:
         super().__init__(message, field="idempotency_key")
         self.run_id = run_id
+
+
+@dataclass(frozen=True, slots=True)
+class SubmitOutcome:
+    """What :meth:`Engine.submit_once` did: the key's run, and whether this call created it."""
+
+    run_id: str
+    created: bool
 
 
 DEFAULT_IDEMPOTENCY_RETENTION = 86_400.0
@@ -353,6 +363,41 @@ class Engine:
         :class:`RunExistsError`; invalid nodes or input raise ``ValueError``
         before anything is written.
         """
+        if idempotency_key is not None:
+            return self.submit_once(
+                nodes,
+                input,
+                idempotency_key=idempotency_key,
+                run_id=run_id,
+                failure_policy=failure_policy,
+                budgets=budgets,
+            ).run_id
+        node_list, run_input, policy, pipeline_name = self._prepare(nodes, input, failure_policy)
+        run_id = run_id if run_id is not None else new_run_id()
+        if not self._store.create_run(
+            run_id, node_list, run_input=run_input, failure_policy=policy, pipeline=pipeline_name
+        ):
+            raise RunExistsError(f"run {run_id!r} already exists", field="run_id")
+        # The budget is set while the run is PENDING, so no task runs outside it.
+        if (
+            budgets is not None
+            and not budgets.is_empty()
+            and (
+                not isinstance(self._store, DagBudgetStore)
+                or not self._store.try_set_run_budget(run_id, budgets)
+            )
+        ):
+            raise EngineError("the store cannot hold this run's budget", code="run_budget_refused")
+        start_run(self._store, run_id, callbacks=_CALLBACKS)
+        return run_id
+
+    def _prepare(
+        self,
+        nodes: Sequence[DagNode] | Pipeline,
+        input: Mapping[str, object] | None,
+        failure_policy: FailurePolicy | str | None,
+    ) -> tuple[list[DagNode], dict[str, object], FailurePolicy, str | None]:
+        """A submit's nodes, merged input, policy and pipeline name, checked."""
         defaults: dict[str, object] = {}
         pipeline_name: str | None = None
         if isinstance(nodes, Pipeline):
@@ -374,28 +419,29 @@ class Engine:
         merged = thaw_json(merge_run_input(schema_fields, defaults, dict(input or {})))
         assert isinstance(merged, dict)
         run_input: dict[str, object] = dict(merged)
-        run_id = run_id if run_id is not None else new_run_id()
-        if idempotency_key is not None:
-            new = NewRun(run_id, tuple(node_list), run_input, FailurePolicy(policy), pipeline_name)
-            return self._submit_once(idempotency_key, new, budgets)
-        if not self._store.create_run(
-            run_id, node_list, run_input=run_input, failure_policy=policy, pipeline=pipeline_name
-        ):
-            raise RunExistsError(f"run {run_id!r} already exists", field="run_id")
-        # The budget is set while the run is PENDING, so no task runs outside it.
-        if (
-            budgets is not None
-            and not budgets.is_empty()
-            and (
-                not isinstance(self._store, DagBudgetStore)
-                or not self._store.try_set_run_budget(run_id, budgets)
-            )
-        ):
-            raise EngineError("the store cannot hold this run's budget", code="run_budget_refused")
-        start_run(self._store, run_id, callbacks=_CALLBACKS)
-        return run_id
+        return node_list, run_input, FailurePolicy(policy), pipeline_name
 
-    def _submit_once(self, key: str, run: NewRun, budgets: Budget | None) -> str:
+    def submit_once(
+        self,
+        nodes: Sequence[DagNode] | Pipeline,
+        input: Mapping[str, object] | None = None,
+        *,
+        idempotency_key: str,
+        run_id: str | None = None,
+        failure_policy: FailurePolicy | str | None = None,
+        budgets: Budget | None = None,
+    ) -> SubmitOutcome:
+        """:meth:`submit` with an idempotency key, saying whether this call
+        created the run (``created``) or found the key's first run (a repeat,
+        from any process, within ``idempotency_retention``). The same key with
+        another pipeline, input, failure policy or budget raises
+        :class:`IdempotencyConflictError`."""
+        node_list, run_input, policy, pipeline_name = self._prepare(nodes, input, failure_policy)
+        run_id = run_id if run_id is not None else new_run_id()
+        new = NewRun(run_id, tuple(node_list), run_input, policy, pipeline_name)
+        return self._submit_once(idempotency_key, new, budgets)
+
+    def _submit_once(self, key: str, run: NewRun, budgets: Budget | None) -> SubmitOutcome:
         store = self._capabilities.idempotent_submits
         if store is None:
             raise UnsupportedOperationError(
@@ -437,7 +483,7 @@ class Engine:
                     )
             with contextlib.suppress(RunStartRejectedError):  # cancelled meanwhile
                 start_run(self._store, found.run_id, callbacks=_CALLBACKS)
-        return found.run_id
+        return SubmitOutcome(found.run_id, found.created)
 
     def wait(
         self,
