@@ -30,6 +30,7 @@ from dagwerk.store import (
     DagRunStore,
     DelayedRetryStore,
     DurableTaskStore,
+    IdempotentSubmitStore,
     LimitedStore,
     LiveNodeStore,
     NodeRerunStore,
@@ -39,6 +40,7 @@ from dagwerk.store import (
     RunFrontierStore,
     RunningTasksStore,
     RunTopologyStore,
+    ScheduleStore,
     UnitOfWorkStore,
     WaitAgesStore,
     WaitRecordStore,
@@ -85,6 +87,8 @@ class StoreCapabilities:
     retention: RunRetentionStore | None
     task_logs: TaskLogStore | None
     run_traces: RunTraceStore | None
+    schedules: ScheduleStore | None
+    idempotent_submits: IdempotentSubmitStore | None
     limits: Limits | None
     """The limits the store validates with (a :class:`LimitedStore`)."""
 

@@ -136,6 +136,16 @@ from dagwerk.store_retries import (
     DelayedRetryStore,
     NodeRerunStore,
 )
+from dagwerk.store_schedules import (
+    IdempotentRun,
+    IdempotentSubmitStore,
+    NamedLease,
+    NewRun,
+    ScheduleFire,
+    ScheduleFireResult,
+    ScheduleRecord,
+    ScheduleStore,
+)
 from dagwerk.store_waits import (
     WaitRecord,
     WaitRecordStore,
@@ -237,6 +247,14 @@ __all__ = [  # noqa: RUF022 (extension modules' names grouped at the end)
     "check_task_log_lines",
     "check_task_log_query",
     "check_traceparent",
+    "IdempotentRun",
+    "IdempotentSubmitStore",
+    "NamedLease",
+    "NewRun",
+    "ScheduleFire",
+    "ScheduleFireResult",
+    "ScheduleRecord",
+    "ScheduleStore",
 ]
 __all__ += [  # dagwerk.store_retention
     "DEFAULT_RETENTION_BATCH",

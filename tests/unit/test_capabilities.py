@@ -40,6 +40,8 @@ _TYPED = [
     "rerun",
     "closable",
     "retention",
+    "schedules",
+    "idempotent_submits",
 ]
 
 

@@ -14,6 +14,7 @@ from dagwerk.cli.commands_inspect import outputs, runs, show
 from dagwerk.cli.commands_logs import logs
 from dagwerk.cli.commands_retention import gc
 from dagwerk.cli.commands_run import run, submit, worker
+from dagwerk.cli.commands_schedule import backfill, schedule
 from dagwerk.cli.commands_static import graph, schema, validate
 
 for _command in (
@@ -34,6 +35,8 @@ for _command in (
     dlq,
     serve,
     gc,
+    schedule,
+    backfill,
 ):
     cli.add_command(_command)
 

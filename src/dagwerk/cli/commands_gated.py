@@ -138,6 +138,9 @@ def serve(db: str, port: int, host: str, backstop_interval: float) -> None:
                 callbacks=metrics.callbacks(),
             )
             health.backstop = backstop
+        # dagwerk serve takes part in firing schedules, as every worker does.
+        if engine.capabilities.schedules is not None:
+            engine.start_scheduler()
         stop = threading.Event()
 
         def request_stop(signum: int, frame: FrameType | None) -> None:

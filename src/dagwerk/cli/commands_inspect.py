@@ -40,8 +40,17 @@ _TASK_STATUSES = [status.value for status in TaskStatus]
 @click.option("--status", type=click.Choice(_STATUSES), help="Only runs with this status.")
 @click.option("--limit", default=50, show_default=True, type=click.IntRange(1, 10_000))
 @click.option("--stalled", is_flag=True, help="Only RUNNING runs that are stalled, with why.")
+@click.option("--schedule", metavar="NAME", help="Only runs of this schedule, newest tick first.")
 @json_option
-def runs(db: str, status: str | None, limit: int, as_json: bool, stalled: bool = False) -> None:
+def runs(
+    *,
+    db: str,
+    status: str | None,
+    limit: int,
+    as_json: bool,
+    stalled: bool = False,
+    schedule: str | None = None,
+) -> None:
     """List runs, newest first.
 
     \b
@@ -49,6 +58,7 @@ def runs(db: str, status: str | None, limit: int, as_json: bool, stalled: bool =
       dagwerk runs
       dagwerk runs --status failed --json
       dagwerk runs --stalled
+      dagwerk runs --schedule nightly
     """
     if stalled:
         from dagwerk.cli.commands_gated import echo_stalled
@@ -57,7 +67,7 @@ def runs(db: str, status: str | None, limit: int, as_json: bool, stalled: bool =
             echo_stalled(engine, limit, as_json)
         return
     with open_engine(db, create=False) as engine:
-        records = engine.list_runs(status=status, limit=limit)
+        records = engine.list_runs(status=status, limit=limit, schedule=schedule)
     if as_json:
         echo_json([_run_json(record) for record in records])
         return

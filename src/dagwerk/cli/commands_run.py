@@ -315,6 +315,11 @@ def _run_with_live_display(
 @_input_options
 @db_option
 @click.option("--run-id", help="Use this run ID (default: a fresh one).")
+@click.option(
+    "--idempotency-key",
+    metavar="KEY",
+    help="Submit at most once per KEY: a repeat prints the first run's ID (kept 24 h).",
+)
 @plugins_option
 @no_plugin_check_option
 @json_option
@@ -328,6 +333,7 @@ def submit(
     plugin_modules: tuple[str, ...],
     plugin_check: bool,
     as_json: bool,
+    idempotency_key: str | None = None,
 ) -> None:
     """Store and start a run of a pipeline file; print its ID and return.
 
@@ -349,7 +355,7 @@ def submit(
     if plugin_check:
         load_pipeline_plugins(pipeline, EngineRegistry(), plugin_modules)
     with open_engine(db) as engine:
-        new_id = engine.submit(pipeline, run_input, run_id=run_id)
+        new_id = engine.submit(pipeline, run_input, run_id=run_id, idempotency_key=idempotency_key)
     if as_json:
         echo_json({"run_id": new_id})
     else:
@@ -417,6 +423,13 @@ def submit(
     metavar="N",
     help="Keep at most N lines of each attempt's log (0: store no task logs).",
 )
+@click.option(
+    "--schedule-interval",
+    type=click.FloatRange(min=0),
+    default=1.0,
+    show_default=True,
+    help="Seconds between scheduler passes (0: this worker fires no schedules).",
+)
 @log_level_option
 def worker(
     *,
@@ -433,6 +446,7 @@ def worker(
     retention: str | None = None,
     task_log_max_bytes: int = DEFAULT_TASK_LOG_MAX_BYTES,
     task_log_max_lines: int = DEFAULT_TASK_LOG_MAX_LINES,
+    schedule_interval: float = 1.0,
     log_level: str = "info",
 ) -> None:
     """Serve the database's queue: run the tasks of every run stored there.
@@ -477,6 +491,7 @@ def worker(
             concurrency=concurrency,
             executor=executor,
             backstop_interval=backstop_interval or None,
+            schedule_interval=schedule_interval or None,
             queues=list(queues) or None,
             retention=retention_age,
             task_log_limits=TaskLogLimits(task_log_max_bytes, task_log_max_lines),

@@ -8,14 +8,18 @@ submits and runs pipelines, and builds workers.
 from __future__ import annotations
 
 from ._engine import (
+    DEFAULT_IDEMPOTENCY_RETENTION,
     Engine,
     EngineError,
+    IdempotencyConflictError,
     ResumeRejectedError,
     RunExistsError,
     RunWaitTimeoutError,
+    SubmitOutcome,
     UnknownNodeError,
     UnsupportedOperationError,
     new_run_id,
+    submit_fingerprint,
 )
 from ._plugins import (
     DEFAULT_REGISTRY,
@@ -28,16 +32,28 @@ from ._plugins import (
     search_for_plugins_in,
 )
 from ._results import MAX_TREE_RUNS, RunLineage, RunNotFoundError, RunProgress, RunResult, RunTree
+from ._schedules import (
+    BackfillProgress,
+    BackfillReport,
+    ScheduleExistsError,
+    ScheduleNotFoundError,
+    SyncReport,
+    UnknownPipelineError,
+)
 from ._urls import DEFAULT_URL, BackendUnavailableError, open_store
 
 __all__ = [
+    "DEFAULT_IDEMPOTENCY_RETENTION",
     "DEFAULT_REGISTRY",
     "DEFAULT_URL",
     "MAX_TREE_RUNS",
     "BackendUnavailableError",
+    "BackfillProgress",
+    "BackfillReport",
     "Engine",
     "EngineError",
     "EngineRegistry",
+    "IdempotencyConflictError",
     "PluginImportError",
     "PluginProblem",
     "ResumeRejectedError",
@@ -48,7 +64,12 @@ __all__ = [
     "RunResult",
     "RunTree",
     "RunWaitTimeoutError",
+    "ScheduleExistsError",
+    "ScheduleNotFoundError",
+    "SubmitOutcome",
+    "SyncReport",
     "UnknownNodeError",
+    "UnknownPipelineError",
     "UnsupportedOperationError",
     "import_plugin_modules",
     "new_run_id",
@@ -56,4 +77,5 @@ __all__ = [
     "plugin",
     "plugin_problems",
     "search_for_plugins_in",
+    "submit_fingerprint",
 ]

@@ -10,10 +10,13 @@ database.
 
 from __future__ import annotations
 
+import contextlib
+import hashlib
 import threading
 import time
 import uuid
 from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
+from dataclasses import dataclass
 from datetime import timedelta
 from pathlib import Path
 from types import TracebackType
@@ -31,10 +34,16 @@ from dagwerk.constants import (
 from dagwerk.errors import DagwerkError
 from dagwerk.graph import validate_graph
 from dagwerk.identifiers import check_identifier
-from dagwerk.json import thaw_json
+from dagwerk.json import canonical_json_bytes, thaw_json
 from dagwerk.models import DagNode, NodeLaunch
-from dagwerk.orchestrator import OrchestratorCallbacks, cancel_run, reconcile_run, start_run
-from dagwerk.pipelines.loader import Pipeline
+from dagwerk.orchestrator import (
+    OrchestratorCallbacks,
+    RunStartRejectedError,
+    cancel_run,
+    reconcile_run,
+    start_run,
+)
+from dagwerk.pipelines.loader import Pipeline, load_pipeline
 from dagwerk.plugins import PluginMeta
 from dagwerk.retry import RetryRejectedError, RunRetryResult, rerun_nodes, retry_run
 from dagwerk.runtime.backstop import (
@@ -47,10 +56,18 @@ from dagwerk.runtime.plugins import CostEstimateFn, PluginFn
 from dagwerk.runtime.retention import RetentionSummary, delete_runs
 from dagwerk.runtime.retry_policy import RetryPolicy
 from dagwerk.runtime.worker import Worker
+from dagwerk.scheduling.definitions import DEFAULT_CATCHUP_LIMIT, CatchupPolicy, OverlapPolicy
+from dagwerk.scheduling.scheduler import (
+    DEFAULT_SCHEDULE_INTERVAL,
+    SchedulerThread,
+    check_schedule_interval,
+    start_scheduler,
+)
 from dagwerk.schema import get_pipeline_input_schema, merge_run_input
 from dagwerk.stall import RunDiagnosis
 from dagwerk.store import (
     DeadLetter,
+    InvalidStoreValueError,
     RunRecord,
     StallRecord,
     TaskJournal,
@@ -61,6 +78,7 @@ from dagwerk.store import (
 )
 from dagwerk.store_logs import TaskLogLine
 from dagwerk.store_retention import DEFAULT_RETENTION_BATCH
+from dagwerk.store_schedules import NewRun, ScheduleFire, ScheduleRecord
 from dagwerk.tracing import now_ns, record_submit
 from dagwerk.waiting import resume_task
 
@@ -76,14 +94,24 @@ from ._results import (
     read_progress,
     read_result,
 )
+from ._schedules import (
+    BackfillProgress,
+    BackfillReport,
+    EngineSchedules,
+    PipelineRegistry,
+    SyncReport,
+)
 from ._urls import DEFAULT_URL, open_store
 
 __all__ = [
+    "DEFAULT_IDEMPOTENCY_RETENTION",
     "Engine",
     "EngineError",
+    "IdempotencyConflictError",
     "ResumeRejectedError",
     "RunExistsError",
     "RunWaitTimeoutError",
+    "SubmitOutcome",
     "UnknownNodeError",
     "UnsupportedOperationError",
 ]
@@ -133,6 +161,28 @@ class UnsupportedOperationError(EngineError, RuntimeError):
     code = "store_operation_unsupported"
 
 
+class IdempotencyConflictError(EngineError, ValueError):
+    """An idempotency key already names a run of another pipeline or input."""
+
+    code = "idempotency_conflict"
+
+    def __init__(self, message: str, *, run_id: str) -> None:
+        super().__init__(message, field="idempotency_key")
+        self.run_id = run_id
+
+
+@dataclass(frozen=True, slots=True)
+class SubmitOutcome:
+    """What :meth:`Engine.submit_once` did: the key's run, and whether this call created it."""
+
+    run_id: str
+    created: bool
+
+
+DEFAULT_IDEMPOTENCY_RETENTION = 86_400.0
+"""Seconds an idempotency key keeps naming its run (24 h)."""
+
+
 def _ignore(run_id: str) -> None:
     return None
 
@@ -140,6 +190,19 @@ def _ignore(run_id: str) -> None:
 # Terminal transitions are observed by reading the store, so the engine needs
 # no callbacks; they would only fire in the process that committed them.
 _CALLBACKS = OrchestratorCallbacks(_ignore, _ignore, _ignore, _ignore)
+
+
+def submit_fingerprint(run: NewRun, budgets: Budget | None) -> str:
+    """What an idempotency key is checked against: a hash of the run's nodes,
+    input, failure policy, pipeline name and budget (not its run ID)."""
+    document = {
+        "nodes": [node.model_dump(mode="json") for node in run.nodes],
+        "input": thaw_json(run.run_input),
+        "failure_policy": FailurePolicy(run.failure_policy).value,
+        "pipeline": run.pipeline,
+        "budget": None if budgets is None else budgets.model_dump(mode="json"),
+    }
+    return hashlib.sha256(canonical_json_bytes(document)).hexdigest()
 
 
 def new_run_id() -> str:
@@ -158,6 +221,10 @@ class Engine:
     in-process worker sleeps at most. ``backstop_interval`` is the seconds
     between the gated-dispatch backstop passes of the workers this engine
     builds, ``run`` included (default 30; ``None`` or 0 disables them).
+    ``schedule_interval`` is the seconds between the scheduler passes of those
+    workers (default 1; ``None`` or 0: they do not schedule).
+    ``idempotency_retention`` is how long an idempotency key of ``submit``
+    keeps naming its run (default 24 h).
     """
 
     def __init__(
@@ -167,13 +234,30 @@ class Engine:
         execution_root: str | Path | None = None,
         poll_interval: float = 0.05,
         backstop_interval: float | None = DEFAULT_BACKSTOP_INTERVAL,
+        schedule_interval: float | None = DEFAULT_SCHEDULE_INTERVAL,
+        idempotency_retention: float = DEFAULT_IDEMPOTENCY_RETENTION,
         **store_options: Any,
     ) -> None:
         self.url = url if url is not None else DEFAULT_URL
         self.execution_root = Path(execution_root or Path.cwd()).resolve()
         self.poll_interval = poll_interval
         self.backstop_interval = check_backstop_interval(backstop_interval)
+        self.schedule_interval = check_schedule_interval(schedule_interval)
+        if (
+            isinstance(idempotency_retention, bool)
+            or not isinstance(idempotency_retention, int | float)
+            or not 0 < idempotency_retention < float("inf")
+        ):
+            raise EngineError(
+                f"idempotency_retention must be a number of seconds > 0, "
+                f"got {idempotency_retention!r}",
+                code="idempotency_retention_invalid",
+                field="idempotency_retention",
+            )
+        self.idempotency_retention = float(idempotency_retention)
         self.plugins = EngineRegistry()
+        self.pipelines = PipelineRegistry()
+        """Pipelines registered by name (:meth:`register_pipeline`)."""
         # The store implements several protocols at once (DagStore, DagWaitStore,
         # DagRetryStore, DagRunStore, OutputResolver, DagQueueStore); Python has
         # no intersection type, hence Any.
@@ -181,6 +265,10 @@ class Engine:
         self._capabilities = StoreCapabilities.of(self._store)
         self._wait_records: WaitRecordStore | None = self._capabilities.wait_records
         self._workers: list[Worker] = []
+        self._schedulers: list[SchedulerThread] = []
+        self._schedules: EngineSchedules | None = None
+        if self._capabilities.schedules is not None:
+            self._schedules = EngineSchedules(self._store, self.pipelines)
         self._closed = False
 
     # --- resources ---------------------------------------------------------------
@@ -203,6 +291,9 @@ class Engine:
         for worker in self._workers:
             worker.stop()
         self._workers.clear()
+        for scheduler in self._schedulers:
+            scheduler.stop()
+        self._schedulers.clear()
         closable = self._capabilities.closable
         if closable is not None:
             closable.close()
@@ -270,8 +361,16 @@ class Engine:
         run_id: str | None = None,
         failure_policy: FailurePolicy | str | None = None,
         budgets: Budget | None = None,
+        *,
+        idempotency_key: str | None = None,
     ) -> str:
         """Store and start a run; returns its ID. Workers (here or elsewhere) do the work.
+
+        With ``idempotency_key``, a repeat of the submit within the engine's
+        ``idempotency_retention`` (from any process) creates nothing and
+        returns the first run's ID; the same key with another pipeline,
+        input, failure policy or budget raises
+        :class:`IdempotencyConflictError` (its ``run_id`` is the first run).
 
         ``budgets`` (a :class:`~dagwerk.budgets.Budget`) limits the run's
         input and output bytes and cost; child runs draw on it too.
@@ -284,6 +383,41 @@ class Engine:
         an existing one raises :class:`RunExistsError`; invalid nodes or input raise ``ValueError``
         before anything is written.
         """
+        if idempotency_key is not None:
+            return self.submit_once(
+                nodes,
+                input,
+                idempotency_key=idempotency_key,
+                run_id=run_id,
+                failure_policy=failure_policy,
+                budgets=budgets,
+            ).run_id
+        node_list, run_input, policy, pipeline_name = self._prepare(nodes, input, failure_policy)
+        run_id = check_identifier(run_id, field="run_id") if run_id is not None else new_run_id()
+        submitted_ns = now_ns()
+        if not self._store.create_run(
+            run_id, node_list, run_input=run_input, failure_policy=policy, pipeline=pipeline_name
+        ):
+            raise RunExistsError(f"run {run_id!r} already exists", field="run_id")
+        record_submit(self._capabilities.run_traces, run_id, submitted_ns)
+        # The budget is set while the run is PENDING, so no task runs outside it.
+        budget_store = self._capabilities.budgets
+        if (
+            budgets is not None
+            and not budgets.is_empty()
+            and (budget_store is None or not budget_store.try_set_run_budget(run_id, budgets))
+        ):
+            raise EngineError("the store cannot hold this run's budget", code="run_budget_refused")
+        start_run(self._store, run_id, callbacks=_CALLBACKS)
+        return run_id
+
+    def _prepare(
+        self,
+        nodes: Sequence[DagNode] | Pipeline,
+        input: Mapping[str, object] | None,
+        failure_policy: FailurePolicy | str | None,
+    ) -> tuple[list[DagNode], dict[str, object], FailurePolicy, str | None]:
+        """A submit's nodes, merged input, policy and pipeline name, checked."""
         defaults: dict[str, object] = {}
         pipeline_name: str | None = None
         if isinstance(nodes, Pipeline):
@@ -305,23 +439,71 @@ class Engine:
         merged = thaw_json(merge_run_input(schema_fields, defaults, dict(input or {})))
         assert isinstance(merged, dict)
         run_input: dict[str, object] = dict(merged)
+        return node_list, run_input, FailurePolicy(policy), pipeline_name
+
+    def submit_once(
+        self,
+        nodes: Sequence[DagNode] | Pipeline,
+        input: Mapping[str, object] | None = None,
+        *,
+        idempotency_key: str,
+        run_id: str | None = None,
+        failure_policy: FailurePolicy | str | None = None,
+        budgets: Budget | None = None,
+    ) -> SubmitOutcome:
+        """:meth:`submit` with an idempotency key, saying whether this call
+        created the run (``created``) or found the key's first run (a repeat,
+        from any process, within ``idempotency_retention``). The same key with
+        another pipeline, input, failure policy or budget raises
+        :class:`IdempotencyConflictError`."""
+        node_list, run_input, policy, pipeline_name = self._prepare(nodes, input, failure_policy)
         run_id = check_identifier(run_id, field="run_id") if run_id is not None else new_run_id()
-        submitted_ns = now_ns()
-        if not self._store.create_run(
-            run_id, node_list, run_input=run_input, failure_policy=policy, pipeline=pipeline_name
-        ):
-            raise RunExistsError(f"run {run_id!r} already exists", field="run_id")
-        record_submit(self._capabilities.run_traces, run_id, submitted_ns)
-        # The budget is set while the run is PENDING, so no task runs outside it.
-        budget_store = self._capabilities.budgets
-        if (
-            budgets is not None
-            and not budgets.is_empty()
-            and (budget_store is None or not budget_store.try_set_run_budget(run_id, budgets))
-        ):
-            raise EngineError("the store cannot hold this run's budget", code="run_budget_refused")
-        start_run(self._store, run_id, callbacks=_CALLBACKS)
-        return run_id
+        new = NewRun(run_id, tuple(node_list), run_input, policy, pipeline_name)
+        return self._submit_once(idempotency_key, new, budgets)
+
+    def _submit_once(self, key: str, run: NewRun, budgets: Budget | None) -> SubmitOutcome:
+        store = self._capabilities.idempotent_submits
+        if store is None:
+            raise UnsupportedOperationError(
+                "this store cannot keep idempotency keys (it does not implement "
+                "IdempotentSubmitStore)"
+            )
+        if not isinstance(key, str) or not key:
+            raise EngineError(
+                "idempotency_key must be a non-empty string",
+                code="idempotency_key_invalid",
+                field="idempotency_key",
+            )
+        fingerprint = submit_fingerprint(run, budgets)
+        try:
+            found = store.create_run_once(
+                key, fingerprint, run, retention=self.idempotency_retention
+            )
+        except InvalidStoreValueError as error:
+            if error.field == "run_id" and self._store.get_run_status(run.run_id) is not None:
+                raise RunExistsError(f"run {run.run_id!r} already exists", field="run_id") from None
+            raise
+        if not found.created and found.fingerprint != fingerprint:
+            raise IdempotencyConflictError(
+                f"idempotency key {key!r} already names run {found.run_id}, submitted with "
+                "another pipeline or input; use a new key for a different run",
+                run_id=found.run_id,
+            )
+        # A repeat finds the run PENDING when its first submit stopped before
+        # starting it: the repeat finishes the job (same budget, by fingerprint).
+        if self._store.get_run_status(found.run_id) is RunStatus.PENDING:
+            if budgets is not None and not budgets.is_empty():
+                budget_store = self._capabilities.budgets
+                if budget_store is None or not (
+                    budget_store.try_set_run_budget(found.run_id, budgets)
+                    or budget_store.get_run_budget(found.run_id)
+                ):
+                    raise EngineError(
+                        "the store cannot hold this run's budget", code="run_budget_refused"
+                    )
+            with contextlib.suppress(RunStartRejectedError):  # cancelled meanwhile
+                start_run(self._store, found.run_id, callbacks=_CALLBACKS)
+        return SubmitOutcome(found.run_id, found.created)
 
     def wait(
         self,
@@ -554,6 +736,7 @@ class Engine:
         options.setdefault("execution_root", self.execution_root)
         options.setdefault("poll_interval", max(self.poll_interval, 0.05))
         options.setdefault("backstop_interval", self.backstop_interval)
+        options.setdefault("schedule_interval", self.schedule_interval)
         worker = Worker(
             self._store, self.plugins, concurrency=concurrency, executor=executor, **options
         )
@@ -622,15 +805,43 @@ class Engine:
         budgets = self._capabilities.budgets
         return () if budgets is None else tuple(budgets.get_run_budget(run_id))
 
-    def list_runs(self, status: RunStatus | str | None = None, limit: int = 50) -> list[RunRecord]:
-        """Runs, newest first, optionally only those with ``status``."""
+    def list_runs(
+        self,
+        status: RunStatus | str | None = None,
+        limit: int = 50,
+        *,
+        schedule: str | None = None,
+    ) -> list[RunRecord]:
+        """Runs, newest first, optionally only those with ``status``; with
+        ``schedule``, only that schedule's runs (scheduled and backfilled),
+        newest tick first."""
         runs = self._capabilities.runs
         if runs is None:
             raise UnsupportedOperationError(
                 "this store cannot list runs (it does not implement DagRunStore)"
             )
         wanted = RunStatus(status) if status is not None else None
+        if schedule is not None:
+            return self._schedule_runs(schedule, wanted, limit)
         return runs.list_runs(status=wanted, limit=limit)
+
+    def _schedule_runs(self, name: str, status: RunStatus | None, limit: int) -> list[RunRecord]:
+        schedules = self._require_schedules()
+        record = schedules.get(name)
+        found: list[RunRecord] = []
+        until: int | None = None
+        while len(found) < limit:
+            page = schedules.store.list_schedule_fires(record.schedule_id, limit=500, until=until)
+            for fire in page:
+                run = None if fire.run_id is None else self.get_run(fire.run_id)
+                if run is not None and (status is None or run.status is status):
+                    found.append(run)
+                    if len(found) == limit:
+                        break
+            if len(page) < 500:
+                break
+            until = page[-1].tick - 1
+        return found
 
     def list_tasks(self, run_id: str, *, include_invalidated: bool = False) -> list[TaskRecord]:
         """The run's tasks in creation order (active generation unless asked)."""
@@ -731,6 +942,154 @@ class Engine:
         """Give a dead letter's task a fresh attempt; the new attempt ID or ``None``."""
         attempt: str | None = self._store.reinject_dead_letter(dead_letter_id)
         return attempt
+
+    # --- pipelines and schedules -------------------------------------------------
+
+    def register_pipeline(
+        self, pipeline: Pipeline | Sequence[DagNode], name: str | None = None
+    ) -> Pipeline:
+        """Register a pipeline under ``name`` (default: its own name), so
+        schedules (and other callers of :meth:`resolve_pipeline`) can name it."""
+        return self.pipelines.register(pipeline, name)
+
+    def resolve_pipeline(self, reference: str) -> Pipeline:
+        """The pipeline registered as ``reference``, else the pipeline file at
+        that path. Raises :class:`~dagwerk.engine.UnknownPipelineError`."""
+        return self.pipelines.resolve(reference)[1]
+
+    def schedule(
+        self,
+        name: str,
+        pipeline: str | Pipeline,
+        *,
+        cron: str | None = None,
+        every: str | int | float | None = None,
+        input: Mapping[str, object] | None = None,
+        timezone: str = "UTC",
+        start: object = None,
+        end: object = None,
+        catchup: CatchupPolicy | str = CatchupPolicy.SKIP,
+        catchup_limit: int = DEFAULT_CATCHUP_LIMIT,
+        overlap: OverlapPolicy | str = OverlapPolicy.ALLOW,
+        replace: bool = False,
+    ) -> ScheduleRecord:
+        """Store a schedule that starts a run of ``pipeline`` (a registered
+        name, a pipeline file path or a :class:`Pipeline`) at each tick of
+        ``cron`` (5 fields or ``@hourly``-style) or ``every`` (``30s``, ``2h``).
+
+        Each run's input is the pipeline's defaults under ``input``, with
+        ``scheduled_for`` set to the tick (ISO 8601 with the zone's offset).
+        ``timezone`` is an IANA zone for the cron expression; ``start`` and
+        ``end`` bound the ticks (dates or times, wall time in that zone).
+        ``catchup`` says which ticks missed while nothing was scheduling still
+        fire (``skip``, ``latest``, ``all`` up to ``catchup_limit``);
+        ``overlap`` what a tick does while an earlier run of the schedule is
+        unfinished (``allow``, ``skip``, ``cancel_previous``). The pipeline is
+        kept as it is now; add again with ``replace=True`` (or sync the file)
+        to change it. An existing name raises
+        :class:`~dagwerk.engine.ScheduleExistsError` unless ``replace``.
+        """
+        schedules = self._require_schedules()
+        definition = schedules.definition(
+            name,
+            pipeline,
+            cron=cron,
+            every=every,
+            input=input,
+            timezone=timezone,
+            start=start,
+            end=end,
+            catchup=catchup,
+            catchup_limit=catchup_limit,
+            overlap=overlap,
+        )
+        return schedules.put(definition, replace=replace)
+
+    def get_schedule(self, name: str) -> ScheduleRecord:
+        """The schedule ``name``; :class:`~dagwerk.engine.ScheduleNotFoundError` if none."""
+        return self._require_schedules().get(name)
+
+    def list_schedules(self) -> list[ScheduleRecord]:
+        """Every schedule, by name."""
+        return self._require_schedules().store.list_schedules()
+
+    def pause_schedule(self, name: str) -> ScheduleRecord:
+        """Stop the schedule's ticks (idempotent)."""
+        return self._require_schedules().set_paused(name, True)
+
+    def resume_schedule(self, name: str) -> ScheduleRecord:
+        """Start the schedule's ticks again from now; ticks of the pause do not fire."""
+        return self._require_schedules().set_paused(name, False)
+
+    def delete_schedule(self, name: str) -> None:
+        """Delete the schedule and its tick records; its runs stay."""
+        self._require_schedules().delete(name)
+
+    def next_ticks(self, name: str, count: int = 5, *, after: float | None = None) -> list[int]:
+        """The schedule's next ``count`` ticks after ``after`` (default: now),
+        as epoch seconds."""
+        return self._require_schedules().next_ticks(name, count, after)
+
+    def schedule_fires(self, name: str, limit: int = 20) -> list[ScheduleFire]:
+        """The schedule's newest tick records (with their run IDs), newest first."""
+        return self._require_schedules().fires(name, limit)
+
+    def run_schedule(self, run_id: str) -> ScheduleFire | None:
+        """The tick record of a scheduled or backfilled run, else ``None``."""
+        schedules = self._capabilities.schedules
+        return None if schedules is None else schedules.get_run_fire(run_id)
+
+    def sync_schedules(self, pipeline: str | Pipeline) -> SyncReport:
+        """Apply a pipeline file's ``schedules:``: add new ones, replace
+        changed ones (keeping their tick records); others are left alone."""
+        schedules = self._require_schedules()
+        found = pipeline if isinstance(pipeline, Pipeline) else load_pipeline(pipeline)
+        return schedules.sync(found)
+
+    def backfill(
+        self,
+        name: str,
+        start: object,
+        end: object,
+        *,
+        max_active: int = 4,
+        timeout: float | None = None,
+        on_progress: Callable[[BackfillProgress], None] | None = None,
+    ) -> BackfillReport:
+        """Create one run per tick of the schedule in ``[start, end]`` that
+        has none yet (a date alone as ``end`` covers that whole day), keeping
+        at most ``max_active`` of them unfinished, and return when all are
+        finished; workers elsewhere do the work. Running it again creates no
+        tick's run twice."""
+        return self._require_schedules().backfill(
+            name,
+            start,
+            end,
+            max_active=max_active,
+            poll_interval=max(self.poll_interval, 0.05),
+            timeout=timeout,
+            on_progress=on_progress,
+        )
+
+    def start_scheduler(self, *, interval: float | None = None, **options: Any) -> SchedulerThread:
+        """Take part in scheduling from this engine's process (``dagwerk
+        serve`` does); workers built by :meth:`worker` already do. ``close``
+        stops it. ``options`` go to :class:`~dagwerk.scheduling.Scheduler`."""
+        self._require_schedules()
+        thread = start_scheduler(
+            self._store,
+            interval=interval or self.schedule_interval or DEFAULT_SCHEDULE_INTERVAL,
+            **options,
+        )
+        self._schedulers.append(thread)
+        return thread
+
+    def _require_schedules(self) -> EngineSchedules:
+        if self._schedules is None:
+            raise UnsupportedOperationError(
+                "this store cannot keep schedules (it does not implement ScheduleStore)"
+            )
+        return self._schedules
 
     # --- helpers -----------------------------------------------------------------
 

@@ -20,7 +20,7 @@ from typing import Any, Final
 from pydantic import ValidationError
 
 from dagwerk.constants import MAX_RUN_INPUT_BYTES, FailurePolicy
-from dagwerk.errors import GraphValidationError
+from dagwerk.errors import DagwerkError, GraphValidationError
 from dagwerk.graph import validate_graph
 from dagwerk.json import FrozenDict, bounded_json_size, freeze_object
 from dagwerk.models import DagNode
@@ -33,7 +33,8 @@ from dagwerk.pipelines.source import (
     parse_source_text,
     read_source,
 )
-from dagwerk.pipelines.spec import MAX_PIPELINE_NODES, PipelineSpec
+from dagwerk.pipelines.spec import MAX_PIPELINE_NODES, PipelineSpec, ScheduleSpec
+from dagwerk.scheduling.definitions import ScheduleDefinition
 
 __all__ = ["Pipeline", "PipelineFileError", "load_pipeline", "parse_pipeline"]
 
@@ -61,6 +62,8 @@ class Pipeline:
     source: str
     document: SourceDocument | None = field(default=None, repr=False, compare=False)
     """The parsed file, for locating problems found after loading."""
+    schedules: tuple[ScheduleSpec, ...] = ()
+    """The file's ``schedules:`` (checked), applied by ``dagwerk schedule sync``."""
 
     def error_at(self, path: FieldPath, reason: str, *, rule: str) -> PipelineFileError:
         """A :class:`PipelineFileError` for the field at ``path`` (such as
@@ -127,6 +130,7 @@ def _build(document: SourceDocument, *, default_name: str) -> Pipeline:
         validate_graph(spec.nodes)
     except GraphValidationError as error:
         raise _from_graph_error(error, spec.nodes, document) from error
+    _check_schedules(spec, document)
     return Pipeline(
         name=spec.name or default_name,
         description=spec.description,
@@ -136,7 +140,35 @@ def _build(document: SourceDocument, *, default_name: str) -> Pipeline:
         nodes=tuple(spec.nodes),
         source=document.path,
         document=document,
+        schedules=tuple(spec.schedules),
     )
+
+
+def _check_schedules(spec: PipelineSpec, document: SourceDocument) -> None:
+    """Each schedule entry as ``ScheduleDefinition.build`` checks it; the first
+    bad value is a problem at ``schedules[i].field``."""
+    seen: set[str] = set()
+    for index, entry in enumerate(spec.schedules):
+        if entry.name in seen:
+            raise _located(
+                document,
+                ("schedules", index, "name"),
+                f"schedule {entry.name!r} is declared twice",
+                rule="duplicate_schedule",
+            )
+        seen.add(entry.name)
+        try:
+            options = entry.options()
+            options["run_input"] = options.pop("input")
+            ScheduleDefinition.build(entry.name, document.path, spec.nodes, **options)
+        except DagwerkError as error:
+            raise _located(
+                document,
+                ("schedules", index, error.field or "name"),
+                error.message,
+                rule="invalid_schedule",
+                limit=error.limit,
+            ) from None
 
 
 def _defaults(spec: PipelineSpec, document: SourceDocument) -> FrozenDict:

@@ -23,6 +23,7 @@ __all__ = [
     "MAX_PIPELINE_NODES",
     "PLUGIN_MODULE_PATTERN",
     "PipelineSpec",
+    "ScheduleSpec",
     "pipeline_json_schema",
 ]
 
@@ -40,6 +41,45 @@ EDGE_NAME_PATTERN: Final = r"^(?!input$)[A-Za-z_][A-Za-z0-9_-]*$"
 PluginModule: TypeAlias = Annotated[
     str, StringConstraints(strict=True, pattern=PLUGIN_MODULE_PATTERN, max_length=512)
 ]
+
+
+class ScheduleSpec(BaseModel):
+    """One entry of a pipeline file's ``schedules:`` (``dagwerk schedule sync``)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True, title="dagwerk schedule")
+
+    name: str = Field(description="The schedule's name (letters, digits, _ . : -).")
+    cron: str | None = Field(
+        default=None, description="A 5-field cron expression or @hourly, @daily, ..."
+    )
+    every: str | int | None = Field(
+        default=None, description="A fixed interval instead of cron: 30s, 10m, 2h, 1d."
+    )
+    input: dict[str, Any] = Field(
+        default_factory=dict, description="Run input of each run (over the pipeline defaults)."
+    )
+    timezone: str = Field(default="UTC", description="IANA time zone of the cron expression.")
+    start: str | None = Field(default=None, description="No tick before this date or time.")
+    end: str | None = Field(default=None, description="No tick after this date or time.")
+    catchup: str = Field(default="skip", description="skip, latest or all (missed ticks).")
+    catchup_limit: int = Field(default=100, description="With catchup all: at most this many.")
+    overlap: str = Field(
+        default="allow", description="allow, skip or cancel_previous (a run still going)."
+    )
+
+    def options(self) -> dict[str, Any]:
+        """The keyword arguments of ``Engine.schedule`` (all but name and pipeline)."""
+        return {
+            "cron": self.cron,
+            "every": self.every,
+            "input": self.input,
+            "timezone": self.timezone,
+            "start": self.start,
+            "end": self.end,
+            "catchup": self.catchup,
+            "catchup_limit": self.catchup_limit,
+            "overlap": self.overlap,
+        }
 
 
 class PipelineSpec(BaseModel):
@@ -68,6 +108,10 @@ class PipelineSpec(BaseModel):
         description="What a run does after its first failure.",
     )
     nodes: list[DagNode] = Field(description="The steps of the pipeline (DagNode fields).")
+    schedules: list[ScheduleSpec] = Field(
+        default_factory=list,
+        description="Schedules of this pipeline, applied by `dagwerk schedule sync FILE`.",
+    )
 
 
 def _patch_edge_names(defs: dict[str, Any]) -> None:

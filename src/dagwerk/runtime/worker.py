@@ -92,6 +92,7 @@ from dagwerk.runtime.retry_policy import RetryPolicy
 from dagwerk.runtime.sweep import StaleSweeper, SweepReport
 from dagwerk.runtime.task_logs import TaskLogLimits, TaskLogWriter
 from dagwerk.runtime.traced import attempt_started, attempts_settled, attempts_settling
+from dagwerk.scheduling.scheduler import DEFAULT_SCHEDULE_INTERVAL, worker_scheduler
 from dagwerk.store import (
     BatchQueueStore,
     ClaimedDelivery,
@@ -181,6 +182,7 @@ class Worker:
         prefer_run: str | None = None,
         retention: float | timedelta | str | RetentionPolicy | None = None,
         task_log_limits: TaskLogLimits | None = None,
+        schedule_interval: float | None = DEFAULT_SCHEDULE_INTERVAL,
     ) -> None:
         if type(concurrency) is not int or concurrency < 1:
             raise DagwerkError("concurrency must be an int >= 1", field="concurrency")
@@ -277,6 +279,10 @@ class Worker:
         self.retention = PeriodicRetention.for_worker(
             self.capabilities, retention, clock=self.clock, holder=self.worker_id
         )
+        # Schedules: this worker takes part in firing them (scheduling/).
+        self.scheduler = worker_scheduler(
+            store, interval=schedule_interval, clock=self.clock, holder=self.worker_id
+        )
         self._pool = ThreadPoolExecutor(max_workers=concurrency, thread_name_prefix="dagwerk-w")
         self._running: dict[str, Running] = {}
         self.monitor = AttemptMonitor(self)
@@ -309,11 +315,15 @@ class Worker:
         if self.presence is not None:
             self.presence.start()
         self.actor.start()
+        if self.scheduler is not None:
+            self.scheduler.start()
 
     def stop(self, timeout: float | None = None) -> None:
         """Stop admission, abort running attempts, wait for the batch in flight
         and stop the plugin processes of the executor this worker made."""
         self._stopped = True
+        if self.scheduler is not None:
+            self.scheduler.stop()
         with self._running_lock:
             running = list(self._running.values())
         for entry in running:

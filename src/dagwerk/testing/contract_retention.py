@@ -20,7 +20,7 @@ from typing import Any
 import pytest
 
 from dagwerk.budgets import Budget
-from dagwerk.constants import RunStatus, TaskStatus
+from dagwerk.constants import FailurePolicy, RunStatus, TaskStatus
 from dagwerk.execution import claim_task, recover_task
 from dagwerk.lineage import RunLink
 from dagwerk.models import TaskInputs
@@ -28,7 +28,17 @@ from dagwerk.orchestrator import abort_run, start_run
 from dagwerk.runtime.context import TaskContext
 from dagwerk.runtime.retention import RetentionPolicy, delete_runs
 from dagwerk.runtime.worker import Worker
-from dagwerk.store import BackstopStore, DagBudgetStore, DagChildStore, InvalidStoreValueError
+from dagwerk.scheduling.definitions import ScheduleDefinition
+from dagwerk.store import (
+    BackstopStore,
+    DagBudgetStore,
+    DagChildStore,
+    IdempotentSubmitStore,
+    InvalidStoreValueError,
+    NewRun,
+    RunTraceStore,
+    ScheduleStore,
+)
 from dagwerk.store_retention import RetentionCursor, RunRetentionStore
 from dagwerk.testing.contract_queue import FakeClock, QueueContractStore
 from dagwerk.testing.helpers import (
@@ -341,12 +351,33 @@ def fill_every_table(
     start_run(store, main, callbacks=CallbackLog().callbacks)
     assert isinstance(store, BackstopStore)
     assert store.try_record_stall(main, "test stall", (1,))
+    # A scheduled run and one submitted with an idempotency key (their tick
+    # record and key go with them; the schedule itself belongs to no run).
+    assert isinstance(store, ScheduleStore) and isinstance(store, IdempotentSubmitStore)
+    schedule = store.get_schedule("retention") or store.put_schedule(
+        ScheduleDefinition.build("retention", "retention.yaml", chain(1), every="1h"),
+        replace=False,
+    )
+    assert schedule is not None
+    tick = int(retention_clock.now)
+    scheduled = NewRun(f"{prefix}-tick", tuple(chain(1)), {}, FailurePolicy.FAIL_FAST, None)
+    fired = store.fire_schedule_tick(
+        schedule.schedule_id, tick, source="schedule", run=scheduled, advance_cursor=True
+    )
+    assert fired.created
+    keyed = NewRun(f"{prefix}-keyed", tuple(chain(1)), {}, FailurePolicy.FAIL_FAST, None)
+    assert store.create_run_once(f"{prefix}-key", "f", keyed, retention=10 * MONTH).created
+    for run_id in (scheduled.run_id, keyed.run_id):
+        start_run(store, run_id, callbacks=CallbackLog().callbacks)
+    assert isinstance(store, RunTraceStore)
+    assert store.set_run_traceparent(main, "00-" + "1" * 32 + "-" + "2" * 16 + "-01")
     queue: Any = store
     plugins: dict[str, Any] = {
         "src": lambda i, c: [{"n": 1}, {"n": 2}],
         "gate": _gate,
         "spawn": _spawn,
         "leaf": lambda i, c: {"leaf": True},
+        "n0": lambda i, c: {"n": 0},
     }
     estimates = dict.fromkeys(plugins, 0.5)
     worker = Worker(
@@ -409,6 +440,11 @@ _GLOBAL = {
     "dagwerk_workers",
     "_workers",
     "_leases",
+    # Schedules belong to no run (their tick records do). The memory store
+    # keeps its tick records by schedule, indexed by run in _run_fires.
+    "dagwerk_schedules",
+    "_schedules",
+    "_fires",
 }
 
 
@@ -437,7 +473,7 @@ def test_gc_07_every_record_of_a_deleted_run_is_gone(
     )
     retention_clock.now = NOW
     summary = delete_runs(store, older_than=MONTH, batch_size=1)
-    assert summary.runs == 3  # main, its child, lost
+    assert summary.runs == 5  # main, its child, the scheduled and keyed runs, lost
     after = {name: rows for name, rows in store_rows(store).items() if name not in _GLOBAL}
     left = {name: rows for name, rows in after.items() if rows != kept[name]}
     assert left == {}, f"tables that kept rows of a deleted run (or lost a kept one's): {left}"

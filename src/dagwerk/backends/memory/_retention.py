@@ -7,6 +7,8 @@ from collections import Counter
 from collections.abc import Collection
 
 from dagwerk.constants import RUN_TERMINAL_STATUSES, RunStatus
+from dagwerk.store_durable import StepRecord
+from dagwerk.store_logs import TaskLogLine
 from dagwerk.store_retention import (
     DEFAULT_RETENTION_BATCH,
     Lineage,
@@ -15,13 +17,23 @@ from dagwerk.store_retention import (
     check_retention_request,
     choose_lineages,
 )
+from dagwerk.store_schedules import ScheduleFire
 
-from ._durable import DurableMixin
+from ._children import ChildrenMixin
 from ._gated import GatedMixin
-from ._logs import LogsMixin
+from ._schedules import HeldKey
 
 
-class RetentionMixin(DurableMixin, GatedMixin, LogsMixin):
+class RetentionMixin(ChildrenMixin, GatedMixin):
+    # Records of the durable, logs and schedules mixins of the same store,
+    # which a run's deletion takes with it.
+    _steps: dict[str, dict[str, StepRecord]]
+    _task_logs: dict[str, list[TaskLogLine]]
+    _traceparents: dict[str, str]
+    _fires: dict[str, dict[int, ScheduleFire]]
+    _run_fires: dict[str, ScheduleFire]
+    _keys: dict[str, HeldKey]
+
     def delete_finished_runs(
         self,
         *,
@@ -126,6 +138,13 @@ class RetentionMixin(DurableMixin, GatedMixin, LogsMixin):
                     del self._children[link.parent_run_id]
         self._children.pop(run_id, None)
         rows["task_logs"] += len(self._task_logs.pop(run_id, ()))
+        fire = self._run_fires.pop(run_id, None)
+        if fire is not None:
+            self._fires.get(fire.schedule_id, {}).pop(fire.tick, None)
+            rows["schedule_fires"] += 1
+        for held_key in [k for k, held in self._keys.items() if held.run_id == run_id]:
+            del self._keys[held_key]
+            rows["idempotency_keys"] += 1
         self._traceparents.pop(run_id, None)
         if self._stalls.pop(run_id, None) is not None:
             rows["stalls"] += 1

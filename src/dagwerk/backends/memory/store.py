@@ -17,6 +17,7 @@ from ._logs import LogsMixin
 from ._queue import QueueMixin
 from ._retention import RetentionMixin
 from ._runs import RunsMixin
+from ._schedules import SchedulesMixin
 from ._tasks import TasksMixin
 from ._workers import WorkersMixin
 
@@ -24,6 +25,7 @@ from ._workers import WorkersMixin
 class MemoryStore(
     RetentionMixin,
     DurableMixin,
+    SchedulesMixin,
     BatchMixin,
     ChildrenMixin,
     RunsMixin,

@@ -937,6 +937,16 @@ DELETE FROM dagwerk_steps WHERE task_id = ANY (ARRAY(
 DELETE FROM dagwerk_task_logs
 WHERE run_id = ANY (ARRAY(SELECT jsonb_array_elements_text(CAST(:runs AS jsonb))));
 
+-- name: retention_delete_schedule_fires
+-- A deleted run's tick record goes with it: a later backfill of that range
+-- creates the tick's run again.
+DELETE FROM dagwerk_schedule_fires
+WHERE run_id = ANY (ARRAY(SELECT jsonb_array_elements_text(CAST(:runs AS jsonb))));
+
+-- name: retention_delete_idempotency_keys
+DELETE FROM dagwerk_idempotency_keys
+WHERE run_id = ANY (ARRAY(SELECT jsonb_array_elements_text(CAST(:runs AS jsonb))));
+
 -- name: retention_delete_waits
 DELETE FROM dagwerk_waits WHERE task_id = ANY (ARRAY(
     SELECT task_id FROM dagwerk_tasks
@@ -1020,3 +1030,83 @@ WHERE run_id = :run_id AND traceparent IS NULL;
 
 -- name: run_traceparent
 SELECT traceparent FROM dagwerk_runs WHERE run_id = :run_id;
+
+-- Schedules (ScheduleStore) and idempotent submits (IdempotentSubmitStore).
+-- A tick's record, its run and the cursor commit together under the lock of
+-- the schedule's row (schedule_lock); no run row of another run is locked.
+
+-- name: schedule_insert
+INSERT INTO dagwerk_schedules
+    (schedule_id, name, definition, paused, tick_cursor, created_at, updated_at)
+VALUES (:schedule_id, :name, :definition, 0, :now, :now, :now)
+ON CONFLICT (name) DO NOTHING;
+
+-- name: schedule_replace
+UPDATE dagwerk_schedules SET definition = :definition, updated_at = :now WHERE name = :name;
+
+-- name: schedule_get
+SELECT * FROM dagwerk_schedules WHERE name = :name;
+
+-- name: schedule_list
+SELECT * FROM dagwerk_schedules ORDER BY name;
+
+-- name: schedule_lock
+SELECT * FROM dagwerk_schedules WHERE schedule_id = :schedule_id FOR UPDATE;
+
+-- name: schedule_pause
+UPDATE dagwerk_schedules SET paused = 1, updated_at = :now WHERE name = :name AND paused = 0;
+
+-- name: schedule_resume
+UPDATE dagwerk_schedules
+SET paused = 0, updated_at = :now, tick_cursor = greatest(tick_cursor, :now)
+WHERE name = :name AND paused = 1;
+
+-- name: schedule_delete
+DELETE FROM dagwerk_schedules WHERE schedule_id = :schedule_id;
+
+-- name: schedule_fires_delete
+DELETE FROM dagwerk_schedule_fires WHERE schedule_id = :schedule_id;
+
+-- name: schedule_fire_insert
+INSERT INTO dagwerk_schedule_fires (schedule_id, tick, schedule_name, run_id, source, fired_at)
+VALUES (:schedule_id, :tick, :schedule_name, :run_id, :source, :now)
+ON CONFLICT (schedule_id, tick) DO NOTHING;
+
+-- name: schedule_fire_get
+SELECT * FROM dagwerk_schedule_fires WHERE schedule_id = :schedule_id AND tick = :tick;
+
+-- name: schedule_cursor_advance
+UPDATE dagwerk_schedules SET tick_cursor = :tick
+WHERE schedule_id = :schedule_id AND tick_cursor < :tick;
+
+-- name: schedule_fires_list
+SELECT * FROM dagwerk_schedule_fires
+WHERE schedule_id = :schedule_id
+  AND (CAST(:source AS text) IS NULL OR source = CAST(:source AS text))
+  AND (CAST(:since AS bigint) IS NULL OR tick >= CAST(:since AS bigint))
+  AND (CAST(:until AS bigint) IS NULL OR tick <= CAST(:until AS bigint))
+ORDER BY tick DESC LIMIT :limit;
+
+-- name: schedule_run_fire
+SELECT * FROM dagwerk_schedule_fires WHERE run_id = :run_id;
+
+-- name: lease_get
+SELECT * FROM dagwerk_leases WHERE name = :name AND expires_at > :now;
+
+-- name: idempotency_expired_delete
+DELETE FROM dagwerk_idempotency_keys WHERE key = :key AND expires_at <= :now;
+
+-- name: idempotency_insert
+-- A concurrent insert of the same key waits for the first to commit, then
+-- does nothing; the reread that follows (READ COMMITTED) sees the winner.
+INSERT INTO dagwerk_idempotency_keys (key, fingerprint, run_id, created_at, expires_at)
+VALUES (:key, :fingerprint, :run_id, :now, :expires)
+ON CONFLICT (key) DO NOTHING;
+
+-- name: idempotency_get
+SELECT * FROM dagwerk_idempotency_keys WHERE key = :key;
+
+-- name: idempotency_purge
+DELETE FROM dagwerk_idempotency_keys WHERE key IN (
+    SELECT key FROM dagwerk_idempotency_keys WHERE expires_at <= :now LIMIT :limit
+);

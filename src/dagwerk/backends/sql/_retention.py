@@ -83,6 +83,8 @@ RUN_TABLES: Final = (
     RunTable("dagwerk_budgets", "account_id"),
     RunTable("dagwerk_stalls", "run_id"),
     RunTable("dagwerk_task_logs", "run_id"),
+    RunTable("dagwerk_schedule_fires", "run_id"),
+    RunTable("dagwerk_idempotency_keys", "run_id"),
     RunTable("dagwerk_runs", "run_id"),
 )
 """Every table holding rows of a run, in delete order (``dagwerk_runs`` last)."""
@@ -91,6 +93,7 @@ GLOBAL_TABLES: Final = {
     "dagwerk_schema_version": "the schema's version",
     "dagwerk_leases": "named leases of the background passes (the backstop's)",
     "dagwerk_workers": "worker presence, pruned by age",
+    "dagwerk_schedules": "schedules (their tick records are a run's)",
 }
 """Tables whose rows belong to no run, with the reason."""
 
@@ -149,7 +152,7 @@ class RetentionMixin(SqlStoreBase):
             for root in examined
         ]
         if not request.dry_run:
-            lineages = self._held(tx, lineages)
+            lineages = self._unlocked_lineages(tx, lineages)
         choice = choose_lineages(
             lineages, limit=request.limit, exhausted=len(roots) <= request.limit
         )
@@ -165,7 +168,7 @@ class RetentionMixin(SqlStoreBase):
                     rows[table.kind] = deleted
         return RetentionBatch(run_ids, rows, choice.passed, choice.after)
 
-    def _held(self, tx: Tx, lineages: list[Lineage]) -> list[Lineage]:
+    def _unlocked_lineages(self, tx: Tx, lineages: list[Lineage]) -> list[Lineage]:
         """``lineages`` with those not deletable whose runs this transaction
         could not lock (PostgreSQL; on SQLite the write lock holds them all)."""
         wanted = [run_id for lineage in lineages if lineage.deletable for run_id in lineage.runs]

@@ -57,6 +57,22 @@ class RunsMixin(SqlStoreBase):
         False (no change) if the id exists. The graph itself is validated by
         ``start_run`` (OR-01), so an invalid graph can be stored but never starts.
         """
+        rows = self.run_rows(
+            run_id, nodes, run_input=run_input, failure_policy=failure_policy, pipeline=pipeline
+        )
+        with self._gw.write() as tx:
+            return self.insert_run(tx, rows)
+
+    def run_rows(
+        self,
+        run_id: str,
+        nodes: Sequence[DagNode],
+        *,
+        run_input: Mapping[str, object] | None,
+        failure_policy: FailurePolicy | str,
+        pipeline: str | None,
+    ) -> dict[str, object]:
+        """``create_run``'s checks; the parameters of its ``run_insert`` (but ``now``)."""
         definition = check_run_definition(
             run_id,
             nodes,
@@ -66,28 +82,26 @@ class RunsMixin(SqlStoreBase):
             limits=self.limits,
         )
         dumped = [node.model_dump(mode="json") for node in definition.nodes]
-        with self._gw.write() as tx:
-            inserted = tx.run(
-                "run_insert",
-                {
-                    "run_id": run_id,
-                    "nodes": json.dumps(dumped, separators=(",", ":")),
-                    "run_input": dumps(definition.run_input),
-                    "failure_policy": definition.failure_policy.value,
-                    "node_count": len(dumped),
-                    "queue": self.default_queue,
-                    "priority": self.default_priority,
-                    "now": self._now(),
-                    "pipeline": pipeline,
-                },
-            )
-            if inserted != 1:
-                return False
-            tx.many(
-                "node_insert",
-                ({"run_id": run_id, "node_index": index} for index in range(len(dumped))),
-            )
-            return True
+        return {
+            "run_id": run_id,
+            "nodes": json.dumps(dumped, separators=(",", ":")),
+            "run_input": dumps(definition.run_input),
+            "failure_policy": definition.failure_policy.value,
+            "node_count": len(dumped),
+            "queue": self.default_queue,
+            "priority": self.default_priority,
+            "pipeline": pipeline,
+        }
+
+    def insert_run(self, tx: Tx, rows: Mapping[str, object]) -> bool:
+        """Insert a PENDING run from :meth:`run_rows` in ``tx``; False (nothing
+        written) if its ID exists."""
+        if tx.run("run_insert", {**rows, "now": self._now()}) != 1:
+            return False
+        count = rows["node_count"]
+        assert isinstance(count, int)
+        tx.many("node_insert", ({"run_id": rows["run_id"], "node_index": i} for i in range(count)))
+        return True
 
     def get_run_status(self, run_id: str) -> RunStatus | None:
         row = self._read_one("run_status", {"run_id": run_id})

@@ -12,6 +12,7 @@ from ._logs import LogsMixin
 from ._queue import QueueMixin
 from ._retention import RetentionMixin
 from ._runs import RunsMixin
+from ._schedules import SchedulesMixin
 from ._tasks import TasksMixin
 from ._waits import WaitsMixin
 from ._workers import WorkersMixin
@@ -22,6 +23,7 @@ __all__ = ["SqlStore"]
 class SqlStore(
     DurableMixin,
     RetentionMixin,
+    SchedulesMixin,
     BatchMixin,
     ChildrenMixin,
     RunsMixin,

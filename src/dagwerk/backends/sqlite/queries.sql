@@ -767,6 +767,14 @@ DELETE FROM dagwerk_steps WHERE task_id IN (
 -- name: retention_delete_task_logs
 DELETE FROM dagwerk_task_logs WHERE run_id IN (SELECT value FROM json_each(:runs));
 
+-- name: retention_delete_schedule_fires
+-- A deleted run's tick record goes with it: a later backfill of that range
+-- creates the tick's run again.
+DELETE FROM dagwerk_schedule_fires WHERE run_id IN (SELECT value FROM json_each(:runs));
+
+-- name: retention_delete_idempotency_keys
+DELETE FROM dagwerk_idempotency_keys WHERE run_id IN (SELECT value FROM json_each(:runs));
+
 -- name: retention_delete_waits
 DELETE FROM dagwerk_waits WHERE task_id IN (
     SELECT task_id FROM dagwerk_tasks WHERE run_id IN (SELECT value FROM json_each(:runs)));
@@ -835,3 +843,79 @@ WHERE run_id = :run_id AND traceparent IS NULL;
 
 -- name: run_traceparent
 SELECT traceparent FROM dagwerk_runs WHERE run_id = :run_id;
+
+-- Schedules (ScheduleStore) and idempotent submits (IdempotentSubmitStore).
+
+-- name: schedule_insert
+INSERT INTO dagwerk_schedules
+    (schedule_id, name, definition, paused, tick_cursor, created_at, updated_at)
+VALUES (:schedule_id, :name, :definition, 0, :now, :now, :now)
+ON CONFLICT (name) DO NOTHING;
+
+-- name: schedule_replace
+UPDATE dagwerk_schedules SET definition = :definition, updated_at = :now WHERE name = :name;
+
+-- name: schedule_get
+SELECT * FROM dagwerk_schedules WHERE name = :name;
+
+-- name: schedule_list
+SELECT * FROM dagwerk_schedules ORDER BY name;
+
+-- name: schedule_lock
+SELECT * FROM dagwerk_schedules WHERE schedule_id = :schedule_id;
+
+-- name: schedule_pause
+UPDATE dagwerk_schedules SET paused = 1, updated_at = :now WHERE name = :name AND paused = 0;
+
+-- name: schedule_resume
+UPDATE dagwerk_schedules
+SET paused = 0, updated_at = :now, tick_cursor = max(tick_cursor, :now)
+WHERE name = :name AND paused = 1;
+
+-- name: schedule_delete
+DELETE FROM dagwerk_schedules WHERE schedule_id = :schedule_id;
+
+-- name: schedule_fires_delete
+DELETE FROM dagwerk_schedule_fires WHERE schedule_id = :schedule_id;
+
+-- name: schedule_fire_insert
+INSERT INTO dagwerk_schedule_fires (schedule_id, tick, schedule_name, run_id, source, fired_at)
+VALUES (:schedule_id, :tick, :schedule_name, :run_id, :source, :now)
+ON CONFLICT (schedule_id, tick) DO NOTHING;
+
+-- name: schedule_fire_get
+SELECT * FROM dagwerk_schedule_fires WHERE schedule_id = :schedule_id AND tick = :tick;
+
+-- name: schedule_cursor_advance
+UPDATE dagwerk_schedules SET tick_cursor = :tick
+WHERE schedule_id = :schedule_id AND tick_cursor < :tick;
+
+-- name: schedule_fires_list
+SELECT * FROM dagwerk_schedule_fires
+WHERE schedule_id = :schedule_id
+  AND (:source IS NULL OR source = :source)
+  AND (:since IS NULL OR tick >= :since)
+  AND (:until IS NULL OR tick <= :until)
+ORDER BY tick DESC LIMIT :limit;
+
+-- name: schedule_run_fire
+SELECT * FROM dagwerk_schedule_fires WHERE run_id = :run_id;
+
+-- name: lease_get
+SELECT * FROM dagwerk_leases WHERE name = :name AND expires_at > :now;
+
+-- name: idempotency_expired_delete
+DELETE FROM dagwerk_idempotency_keys WHERE key = :key AND expires_at <= :now;
+
+-- name: idempotency_insert
+INSERT INTO dagwerk_idempotency_keys (key, fingerprint, run_id, created_at, expires_at)
+VALUES (:key, :fingerprint, :run_id, :now, :expires)
+ON CONFLICT (key) DO NOTHING;
+
+-- name: idempotency_get
+SELECT * FROM dagwerk_idempotency_keys WHERE key = :key;
+
+-- name: idempotency_purge
+DELETE FROM dagwerk_idempotency_keys WHERE key IN (
+    SELECT key FROM dagwerk_idempotency_keys WHERE expires_at <= :now LIMIT :limit
+);

@@ -253,6 +253,37 @@ CREATE TABLE dagwerk_task_logs (
 CREATE INDEX dagwerk_task_logs_run ON dagwerk_task_logs (run_id, line_id);
 CREATE INDEX dagwerk_task_logs_task ON dagwerk_task_logs (task_id, attempt, line_id);
 
+-- version 12: schedules, their tick records and idempotent-submit keys.
+CREATE TABLE dagwerk_schedules (
+    schedule_id TEXT PRIMARY KEY,
+    name TEXT NOT NULL UNIQUE,
+    definition TEXT NOT NULL,
+    paused INTEGER NOT NULL DEFAULT 0,
+    tick_cursor REAL NOT NULL,
+    created_at REAL NOT NULL,
+    updated_at REAL NOT NULL
+) WITHOUT ROWID;
+
+CREATE TABLE dagwerk_schedule_fires (
+    schedule_id TEXT NOT NULL,
+    tick INTEGER NOT NULL,
+    schedule_name TEXT NOT NULL,
+    run_id TEXT,
+    source TEXT NOT NULL,
+    fired_at REAL NOT NULL,
+    PRIMARY KEY (schedule_id, tick)
+) WITHOUT ROWID;
+CREATE INDEX dagwerk_schedule_fires_run ON dagwerk_schedule_fires (run_id);
+
+CREATE TABLE dagwerk_idempotency_keys (
+    key TEXT PRIMARY KEY,
+    fingerprint TEXT NOT NULL,
+    run_id TEXT NOT NULL,
+    created_at REAL NOT NULL,
+    expires_at REAL NOT NULL
+) WITHOUT ROWID;
+CREATE INDEX dagwerk_idempotency_keys_expiry ON dagwerk_idempotency_keys (expires_at);
+
 -- version 14: what retention looks up (finished runs by finish time, the
 -- launches of a run, the dead letters of a task).
 CREATE INDEX dagwerk_runs_finished ON dagwerk_runs (finished_at, run_id)
