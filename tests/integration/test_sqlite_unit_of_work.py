@@ -444,14 +444,14 @@ def test_a_stop_after_the_claim_was_announced_still_hands_over_and_releases(
 
     def expect_then_stop(*args: Any, **kwargs: Any) -> bool:
         announced: bool = real(*args, **kwargs)
-        worker._stopped = True  # as stop() sets it, from another thread
+        worker.stopping.set()  # as stop() sets it, from another thread
         return announced
 
     monkeypatch.setattr(store, "expect_claim", expect_then_stop)
     worker.process_once()
     (child,) = [t for t in store.list_tasks(run_id) if t.node_index == 1]
     assert child.status is TaskStatus.RUNNING  # claimed by its launch
-    assert [c.delivery.task_id for c in worker._claimed_ahead] == [child.task_id]
+    assert [c.delivery.task_id for c in worker.claimed_ahead] == [child.task_id]
     _stop_releases_and_another_worker_finishes(engine, worker, run_id)
 
 
@@ -477,7 +477,7 @@ def test_a_failed_claim_ahead_keeps_the_completions(
     assert calls[1] == 0.0
     statuses = {t.node_index: t.status for t in store.list_tasks(run_id)}
     assert statuses == {0: TaskStatus.COMPLETED, 1: TaskStatus.QUEUED}
-    assert worker._claimed_ahead == []
+    assert worker.claimed_ahead == []
     worker.run_until_idle()
     assert store.get_run_status(run_id) is RunStatus.COMPLETED
 
@@ -518,8 +518,8 @@ def test_a_failed_queue_read_still_hands_over_what_the_launches_claimed(
     statuses = {t.node_index: t.status for t in store.list_tasks(run_id)}
     assert statuses == {0: TaskStatus.COMPLETED, 1: TaskStatus.RUNNING}
     assert [t.status for t in store.list_tasks(others[0])] == [TaskStatus.QUEUED]
-    assert [c.delivery.node_index for c in worker._claimed_ahead] == [1]
-    assert [c.task is not None for c in worker._claimed_ahead] == [True]
+    assert [c.delivery.node_index for c in worker.claimed_ahead] == [1]
+    assert [c.task is not None for c in worker.claimed_ahead] == [True]
     worker.run_until_idle()
     assert store.get_run_status(run_id) is RunStatus.COMPLETED
     assert store.get_run_status(others[0]) is RunStatus.COMPLETED

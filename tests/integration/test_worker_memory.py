@@ -353,4 +353,4 @@ def test_aa_08_execution_root_is_required_and_validated(tmp_path: Path) -> None:
     worker = Worker(store, {}, execution_root=tmp_path)
     assert worker.execution_root == tmp_path.resolve()
     with pytest.raises(DagwerkError):  # no durable queue, no worker
-        Worker(object(), {}, execution_root=tmp_path)
+        Worker(object(), {}, execution_root=tmp_path)  # type: ignore[arg-type]

@@ -65,7 +65,7 @@ def test_the_worker_keeps_the_most_recent_lineage_links(
         assert isinstance(links, FifoCache) and links.limit == LINKS_KEPT
         monkeypatch.setattr(links, "limit", 3)
         store = cast(DagChildStore, Links())
-        batch = BatchReads(object(), {}, child_store=store, budget_store=None, links=links)
+        batch = BatchReads(object(), {}, child_store=store, budget_store=None, links=links)  # type: ignore[arg-type]
         for run_id in ("r0", "r1", "r2", "r3", "r1"):
             batch.link(run_id)
         assert reads == ["r0", "r1", "r2", "r3"]  # r1 was still kept

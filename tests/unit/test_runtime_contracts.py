@@ -239,7 +239,7 @@ def test_wk_07_an_invalid_execution_root_is_rejected_before_the_queue(
     store = _RecordingStore()
     bad = str(tmp_path / root) if root == "missing-dir" else root
     with pytest.raises(ExecutionRootError):
-        Worker(store, {}, execution_root=bad)
+        Worker(store, {}, execution_root=bad)  # type: ignore[arg-type]
     assert store.touched == []
 
 
@@ -341,11 +341,11 @@ def test_wk_15_a_signal_registered_before_the_final_read_stops_a_stale_read(
 
     def racing_read(run_id: str) -> RunStatus | None:
         status = real(run_id)
-        if worker._running:  # the final read: shutdown races it and the read is stale
+        if worker.monitor.running:  # the final read: shutdown races it and the read is stale
             worker.stop()
         return status
 
-    worker._read_status = racing_read  # type: ignore[method-assign]
+    worker.status.read = racing_read  # type: ignore[method-assign]
     worker.process_once()
     assert entered == []
     assert [r.action for r in worker.reports] == ["released"]
@@ -804,7 +804,9 @@ def test_wk_03_the_monitor_extends_a_lease_only_once_a_tenth_of_it_has_passed(
     (claimed,) = store.claim_deliveries(
         worker.worker_id, limit=1, lease_seconds=worker.lease_bound(None)
     )
-    attempt = worker._prepare(claimed.delivery, claimed.task, leased_bound=worker.lease_bound(None))
+    attempt = worker.preparer.prepare(
+        claimed.delivery, claimed.task, leased_bound=worker.lease_bound(None)
+    )
     assert attempt is not None and extensions == []  # the claim's lease covers the bound
     # Passes within a tenth of the lease write nothing: the lease was just taken.
     worker.monitor._check([attempt])

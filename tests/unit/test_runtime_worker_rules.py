@@ -212,11 +212,11 @@ def test_wk_15_run_unreadable_after_claim_crashes_the_attempt(tmp_path: Path) ->
     real = store.get_run_status
 
     def flaky_status(run_id: str) -> RunStatus | None:
-        if worker._running:  # the read after the claim (the attempt is registered)
+        if worker.monitor.running:  # the read after the claim (the attempt is registered)
             raise OSError("disk gone")
         return real(run_id)
 
-    worker._read_status = flaky_status  # type: ignore[method-assign]
+    worker.status.read = flaky_status  # type: ignore[method-assign]
     worker.run_until_idle()
     assert ran == []
     (task,) = store.list_tasks("run", include_invalidated=True)

@@ -24,6 +24,7 @@ from dagwerk.runtime.errors import (
 from dagwerk.runtime.executors import AsyncExecutor, ProcessExecutor, ThreadExecutor
 from dagwerk.runtime.plugins import PluginRegistry, PluginSpec, normalize_outputs
 from dagwerk.runtime.retry_policy import RetryPolicy
+from dagwerk.runtime.settings import WorkerSettings
 from dagwerk.runtime.worker import DeliveryReport, Worker
 
 __all__ = [
@@ -50,6 +51,7 @@ __all__ = [
     "UnknownPluginError",
     "WaitRequested",
     "Worker",
+    "WorkerSettings",
     "WorkerStoppedError",
     "normalize_outputs",
 ]

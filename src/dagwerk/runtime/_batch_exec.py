@@ -26,15 +26,39 @@ import threading
 import time
 from collections import deque
 from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING
+from typing import Protocol, TypeVar
 
 from dagwerk.runtime._threads import spawn
 from dagwerk.runtime.clock import Clock
+from dagwerk.runtime.outcomes import ExecutionOutcome
 
-if TYPE_CHECKING:
-    from dagwerk.runtime.executors import AttemptJob, ExecutionOutcome, Settlement
+__all__ = ["RAMP_SECONDS", "BatchJob", "BatchSettlement", "run_batch"]
 
-__all__ = ["RAMP_SECONDS", "run_batch"]
+
+class _Signal(Protocol):
+    def fire(self, reason: str) -> None: ...
+
+
+class BatchJob(Protocol):
+    """What the runners read of a job (the executors' ``AttemptJob``)."""
+
+    @property
+    def timeout(self) -> float | None: ...
+
+    @property
+    def signal(self) -> _Signal: ...
+
+
+class BatchSettlement(Protocol):
+    """A job's outcome, first claim wins (the executors' ``Settlement``)."""
+
+    @property
+    def outcome(self) -> ExecutionOutcome | None: ...
+
+    def claim(self, outcome: ExecutionOutcome) -> bool: ...
+
+
+Job = TypeVar("Job", bound=BatchJob)
 
 _STOPPED = frozenset({"timeout", "cancelled"})
 
@@ -52,12 +76,12 @@ class _Runner:
 
 
 def run_batch(
-    jobs: Sequence[AttemptJob],
-    settlements: list[Settlement],
+    jobs: Sequence[Job],
+    settlements: Sequence[BatchSettlement],
     wake: threading.Event,
     *,
     clock: Clock,
-    call: Callable[[AttemptJob], ExecutionOutcome],
+    call: Callable[[Job], ExecutionOutcome],
     timeout_outcome: Callable[[float | None], ExecutionOutcome],
 ) -> None:
     """Run every job not yet settled; return once each one is settled."""

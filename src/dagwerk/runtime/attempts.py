@@ -5,7 +5,6 @@ from __future__ import annotations
 import threading
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
 
 from dagwerk._fifo import RUN_CACHE_LIMIT, FifoCache
 from dagwerk.budgets import AccountUsage
@@ -19,6 +18,7 @@ from dagwerk.store import (
     DagBudgetStore,
     DagChildStore,
     LeasedDelivery,
+    OutputResolver,
     RecentOutputsStore,
     TaskRecord,
 )
@@ -126,7 +126,7 @@ class BatchReads:
 
     def __init__(
         self,
-        store: Any,
+        store: OutputResolver,
         plans: Mapping[str, list[TaskRecord]],
         *,
         child_store: DagChildStore | None,
@@ -144,7 +144,7 @@ class BatchReads:
         # LINKS_KEPT of them: the oldest is forgotten first).
         self._links: dict[str, RunLink | None] = FifoCache(LINKS_KEPT) if links is None else links
         self._budgets: dict[str, tuple[AccountUsage, ...]] = {}
-        self._resolvers: dict[str, Any] = {}
+        self._resolvers: dict[str, OutputResolver] = {}
 
     def link(self, run_id: str) -> RunLink | None:
         if run_id not in self._links:
@@ -158,7 +158,7 @@ class BatchReads:
             self._budgets[run_id] = () if store is None else tuple(store.get_run_budget(run_id))
         return self._budgets[run_id]
 
-    def resolver(self, run_id: str) -> Any:
+    def resolver(self, run_id: str) -> OutputResolver:
         """An ``OutputResolver`` for the run's attempts in this batch.
 
         A store that keeps the outputs it committed lately
@@ -167,7 +167,7 @@ class BatchReads:
         found = self._resolvers.get(run_id)
         if found is None:
             recent = self._recent_outputs
-            own = self._store if recent is None else _Recent(recent)
+            own: OutputResolver = self._store if recent is None else _Recent(recent)
             found = own
             tasks = self._plans.get(run_id, [])
             if len(tasks) > 1:

@@ -15,7 +15,7 @@ the same child (``runtime/durable.py``) and ``wait_for_child`` its result,
 raising ``ChildRunFailed`` for a failed child (catch it to handle the
 failure); ``ctx.child_result(child_run_id)`` reads the result too.
 
-Before executing any task, :func:`guard_lineage` decodes the run's persisted
+Before executing any task, :meth:`ChildRuns.guard_lineage` decodes the run's persisted
 lineage (never an in-process default), so every worker enforces the depth
 limit, the recursion rule and ancestor cancellation on runs it did not
 create (CL-01..CL-06).
@@ -35,7 +35,7 @@ import logging
 import uuid
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from dagwerk.budgets import Budget
 from dagwerk.constants import FailurePolicy, RunStatus
@@ -57,13 +57,12 @@ from dagwerk.lineage import (
     pipeline_identity,
 )
 from dagwerk.models import DagNode
-from dagwerk.orchestrator import cancel_run, reconcile_run
-from dagwerk.store import DagChildStore
+from dagwerk.orchestrator import OrchestratorCallbacks, cancel_run, reconcile_run
+from dagwerk.store import DagChildStore, DagRunStore, DagStore
 from dagwerk.topology import RunTopology
 
 if TYPE_CHECKING:
-    from dagwerk.runtime.context import TaskContext
-    from dagwerk.runtime.worker import Worker
+    from dagwerk.runtime.roles import DeliverySettler
     from dagwerk.store import LeasedDelivery
 
 __all__ = [
@@ -71,8 +70,7 @@ __all__ = [
     "ChildRequests",
     "ChildResult",
     "ChildRunError",
-    "guard_lineage",
-    "settle_child_wait",
+    "ChildRuns",
 ]
 
 _LOG = logging.getLogger("dagwerk.runtime.children")
@@ -191,147 +189,168 @@ class ChildResult:
 # --- worker side ---------------------------------------------------------------------
 
 
-def _child_store(worker: Worker) -> DagChildStore | None:
-    return worker.child_store
+class ChildAsker(Protocol):
+    """What a child wait reads of the attempt's context (``TaskContext``)."""
+
+    @property
+    def children(self) -> ChildRequests: ...
 
 
-def _run_lineage(
-    worker: Worker, run_id: str, link_of: Callable[[str], RunLink | None] | None = None
-) -> RunLineage | None:
-    """The run's persisted lineage; ``None`` for a root run. Corrupt text raises
-    :class:`LineageInvalidError`. ``link_of`` reads the link instead of the
-    store (a batch reads each run's link once)."""
-    store = _child_store(worker)
-    if store is None:
-        return None
-    link = (link_of or store.get_run_link)(run_id)
-    if link is None:
-        return None
-    lineage = decode_lineage(link.lineage)
-    if lineage.depth >= 1 and (
-        lineage.parent_run_id != link.parent_run_id or lineage.root_run_id != link.root_run_id
-    ):
-        raise LineageInvalidError(
-            "lineage_invalid: persisted lineage contradicts the run's parent link",
-            field="lineage",
-        )
-    return lineage
+class _ChildStore(DagStore, DagRunStore, Protocol):
+    """The store reads and writes of a child wait and the lineage guard."""
 
 
-def guard_lineage(
-    worker: Worker,
-    delivery: LeasedDelivery,
-    *,
-    link_of: Callable[[str], RunLink | None] | None = None,
-) -> bool:
-    """Decode and enforce the run's persisted lineage before executing a task.
+class ChildRuns:
+    """The worker's side of child runs: the lineage guard before a task runs
+    and the commit of a wait for a child. ``child_store`` is ``None`` for a
+    store without child runs; a refusal is settled through the ``settler``
+    each call is handed."""
 
-    True: execute. False: the guard settled the delivery, either failing
-    the task (corrupt lineage, ``lineage_invalid``; depth or recursion
-    refused) or cancelling the run because its root or parent is committed
-    cancelled (the task is cancelled in the same commit).
-    """
-    try:
-        lineage = _run_lineage(worker, delivery.run_id, link_of)
-        if lineage is None:
-            return True
-        check_lineage(lineage, max_child_depth=worker.max_child_depth)
-    except DagwerkError as exc:
-        # CL-06: only this task fails; the worker goes on with the next one.
-        worker._fail(delivery, exc)
-        return False
-    for anchor in cancellation_anchors(lineage):
-        # CL-05: a missing ancestor (status None) is not a cancellation signal.
-        if worker.store.get_run_status(anchor) is RunStatus.CANCELLED:
-            reason = f"ancestor run {anchor!r} is cancelled"
-            cancel_run(worker.store, delivery.run_id, callbacks=worker.callbacks, reason=reason)
-            worker._ack(delivery, "cancelled", reason)
-            return False
-    return True
+    def __init__(
+        self,
+        store: _ChildStore,
+        child_store: DagChildStore | None,
+        *,
+        callbacks: OrchestratorCallbacks,
+        max_child_depth: int,
+        limits: Limits | None,
+    ) -> None:
+        self.store = store
+        self.child_store = child_store
+        self.callbacks = callbacks
+        self.max_child_depth = max_child_depth
+        self.limits = Limits() if limits is None else limits
 
-
-def settle_child_wait(
-    worker: Worker, delivery: LeasedDelivery, ctx: TaskContext, wait_id: str
-) -> bool:
-    """Commit a wait for a child run; False when ``wait_id`` is not a child wait."""
-    if not wait_id.startswith(CHILD_WAIT_PREFIX):
-        return False
-    request = next(
-        (r for r in ctx.children.pending.values() if child_wait_id(r.child_run_id) == wait_id),
-        None,
-    )
-    store = _child_store(worker)
-    try:
-        if request is None:
-            raise ChildRunError(
-                f"child_run_invalid: wait {wait_id!r} names no child run this attempt "
-                "started (wait IDs starting with 'child:' are reserved for child runs)",
-                field="wait_id",
-            )
+    def run_lineage(
+        self, run_id: str, link_of: Callable[[str], RunLink | None] | None = None
+    ) -> RunLineage | None:
+        """The run's persisted lineage; ``None`` for a root run. Corrupt text raises
+        :class:`LineageInvalidError`. ``link_of`` reads the link instead of the
+        store (a batch reads each run's link once)."""
+        store = self.child_store
         if store is None:
-            raise ChildRunError("this store does not support child runs", field="store")
-        link = _link_for(worker, delivery, request)
-        # The child is committed RUNNING with the wait, so its graph must be
-        # startable under the store's limits before anything is written.
-        RunTopology.build(list(request.pipeline.nodes), limits=_limits(worker))
-    except (DagwerkError, ValueError) as exc:
-        worker._fail(delivery, exc)
+            return None
+        link = (link_of or store.get_run_link)(run_id)
+        if link is None:
+            return None
+        lineage = decode_lineage(link.lineage)
+        if lineage.depth >= 1 and (
+            lineage.parent_run_id != link.parent_run_id or lineage.root_run_id != link.root_run_id
+        ):
+            raise LineageInvalidError(
+                "lineage_invalid: persisted lineage contradicts the run's parent link",
+                field="lineage",
+            )
+        return lineage
+
+    def guard_lineage(
+        self,
+        settler: DeliverySettler,
+        delivery: LeasedDelivery,
+        *,
+        link_of: Callable[[str], RunLink | None] | None = None,
+    ) -> bool:
+        """Decode and enforce the run's persisted lineage before executing a task.
+
+        True: execute. False: the guard settled the delivery, either failing
+        the task (corrupt lineage, ``lineage_invalid``; depth or recursion
+        refused) or cancelling the run because its root or parent is committed
+        cancelled (the task is cancelled in the same commit).
+        """
+        try:
+            lineage = self.run_lineage(delivery.run_id, link_of)
+            if lineage is None:
+                return True
+            check_lineage(lineage, max_child_depth=self.max_child_depth)
+        except DagwerkError as exc:
+            # CL-06: only this task fails; the worker goes on with the next one.
+            settler.fail(delivery, exc)
+            return False
+        for anchor in cancellation_anchors(lineage):
+            # CL-05: a missing ancestor (status None) is not a cancellation signal.
+            if self.store.get_run_status(anchor) is RunStatus.CANCELLED:
+                reason = f"ancestor run {anchor!r} is cancelled"
+                cancel_run(self.store, delivery.run_id, callbacks=self.callbacks, reason=reason)
+                settler.ack(delivery, "cancelled", reason)
+                return False
         return True
-    try:
-        waited = store.try_wait_for_child(
-            delivery.task_id,
-            expected_attempt_id=delivery.attempt_id,
-            expected_generation=delivery.generation,
-            nodes=list(request.pipeline.nodes),
-            link=link,
-            run_input=request.run_input,
-            failure_policy=request.pipeline.failure_policy,
-            budget=request.pipeline.budget,
+
+    def settle_wait(
+        self, settler: DeliverySettler, delivery: LeasedDelivery, ctx: ChildAsker, wait_id: str
+    ) -> bool:
+        """Commit a wait for a child run; False when ``wait_id`` is not a child wait."""
+        if not wait_id.startswith(CHILD_WAIT_PREFIX):
+            return False
+        request = next(
+            (r for r in ctx.children.pending.values() if child_wait_id(r.child_run_id) == wait_id),
+            None,
         )
-    except DagwerkError as exc:
-        worker._fail(delivery, exc)
+        store = self.child_store
+        try:
+            if request is None:
+                raise ChildRunError(
+                    f"child_run_invalid: wait {wait_id!r} names no child run this attempt "
+                    "started (wait IDs starting with 'child:' are reserved for child runs)",
+                    field="wait_id",
+                )
+            if store is None:
+                raise ChildRunError("this store does not support child runs", field="store")
+            link = self._link_for(delivery, request)
+            # The child is committed RUNNING with the wait, so its graph must be
+            # startable under the store's limits before anything is written.
+            RunTopology.build(list(request.pipeline.nodes), limits=self.limits)
+        except (DagwerkError, ValueError) as exc:
+            settler.fail(delivery, exc)
+            return True
+        try:
+            waited = store.try_wait_for_child(
+                delivery.task_id,
+                expected_attempt_id=delivery.attempt_id,
+                expected_generation=delivery.generation,
+                nodes=list(request.pipeline.nodes),
+                link=link,
+                run_input=request.run_input,
+                failure_policy=request.pipeline.failure_policy,
+                budget=request.pipeline.budget,
+            )
+        except DagwerkError as exc:
+            settler.fail(delivery, exc)
+            return True
+        if waited is None:
+            settler.ack(delivery, "stale", wait_id)
+            return True
+        try:
+            reconcile_run(self.store, request.child_run_id, callbacks=self.callbacks)
+        except Exception:
+            # The child is RUNNING: the backstop's next pass reconciles it.
+            _LOG.exception("starting child run %s failed", request.child_run_id)
+        settler.ack(delivery, "waited", wait_id)
         return True
-    if waited is None:
-        worker._ack(delivery, "stale", wait_id)
-        return True
-    try:
-        reconcile_run(worker.store, request.child_run_id, callbacks=worker.callbacks)
-    except Exception:
-        # The child is RUNNING: the backstop's next pass reconciles it.
-        _LOG.exception("starting child run %s failed", request.child_run_id)
-    worker._ack(delivery, "waited", wait_id)
-    return True
 
-
-def _limits(worker: Worker) -> Limits:
-    found = worker.capabilities.limits
-    return Limits() if found is None else found
-
-
-def _link_for(worker: Worker, delivery: LeasedDelivery, request: ChildRequest) -> RunLink:
-    parent = _run_lineage(worker, delivery.run_id)
-    if parent is not None:
-        parent_pipeline = parent.pipeline_id
-    else:
-        nodes = worker.store.get_run_nodes(delivery.run_id) or []
-        parent_pipeline = pipeline_identity(nodes)
-    pipeline = request.pipeline
-    lineage = child_lineage(
-        parent,
-        parent_run_id=delivery.run_id,
-        parent_task_id=delivery.task_id,
-        parent_pipeline_id=parent_pipeline,
-        pipeline_id=pipeline.identity,
-        allow_recursion=pipeline.allow_recursion,
-        max_recursion=pipeline.max_recursion,
-    )
-    # Refused here already, so a child that could never run is never stored.
-    check_lineage(lineage, max_child_depth=worker.max_child_depth)
-    return RunLink(
-        run_id=request.child_run_id,
-        parent_run_id=delivery.run_id,
-        parent_task_id=delivery.task_id,
-        root_run_id=lineage.root_run_id,
-        lineage=encode_lineage(lineage),
-        wait_id=child_wait_id(request.child_run_id),
-    )
+    def _link_for(self, delivery: LeasedDelivery, request: ChildRequest) -> RunLink:
+        parent = self.run_lineage(delivery.run_id)
+        if parent is not None:
+            parent_pipeline = parent.pipeline_id
+        else:
+            nodes = self.store.get_run_nodes(delivery.run_id) or []
+            parent_pipeline = pipeline_identity(nodes)
+        pipeline = request.pipeline
+        lineage = child_lineage(
+            parent,
+            parent_run_id=delivery.run_id,
+            parent_task_id=delivery.task_id,
+            parent_pipeline_id=parent_pipeline,
+            pipeline_id=pipeline.identity,
+            allow_recursion=pipeline.allow_recursion,
+            max_recursion=pipeline.max_recursion,
+        )
+        # Refused here already, so a child that could never run is never stored.
+        check_lineage(lineage, max_child_depth=self.max_child_depth)
+        return RunLink(
+            run_id=request.child_run_id,
+            parent_run_id=delivery.run_id,
+            parent_task_id=delivery.task_id,
+            root_run_id=lineage.root_run_id,
+            lineage=encode_lineage(lineage),
+            wait_id=child_wait_id(request.child_run_id),
+        )

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from dagwerk.models import DagNode
@@ -19,11 +20,20 @@ from dagwerk.store import LeasedDelivery
 if TYPE_CHECKING:
     from dagwerk.runtime.backstop import BackstopReport
     from dagwerk.runtime.sweep import SweepReport
-    from dagwerk.runtime.worker import DeliveryReport
 
-__all__ = ["WorkerObserver", "notify"]
+__all__ = ["DeliveryReport", "WorkerObserver", "notify"]
 
 _LOG = logging.getLogger("dagwerk.runtime.observer")
+
+
+@dataclass(frozen=True, slots=True)
+class DeliveryReport:
+    """What the worker did with one delivery (for tests and logs)."""
+
+    delivery_id: str
+    task_id: str
+    action: str  # completed, failed, retried, recovered, dead_lettered, waited, cancelled, ...
+    detail: str = ""
 
 
 class WorkerObserver:

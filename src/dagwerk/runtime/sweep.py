@@ -27,17 +27,15 @@ import logging
 import threading
 from collections import deque
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Protocol
 
-from dagwerk.capabilities import StoreCapabilities
 from dagwerk.constants import RunStatus, TaskStatus
 from dagwerk.execution import recover_task
-from dagwerk.orchestrator import on_task_crashed
+from dagwerk.orchestrator import OrchestratorCallbacks, on_task_crashed
+from dagwerk.runtime.clock import Clock
+from dagwerk.store import DagRunStore, DagStore, RunningTasksStore
 
-if TYPE_CHECKING:
-    from dagwerk.runtime.worker import Worker
-
-__all__ = ["StaleSweeper", "SweepReport"]
+__all__ = ["StaleSweeper", "SweepReport", "SweptStore"]
 
 _LOG = logging.getLogger("dagwerk.runtime.sweep")
 
@@ -57,12 +55,18 @@ class SweepReport:
     detail: str = ""
 
 
-def _running_without_delivery(store: Any, run_id: str) -> list[tuple[str, str]]:
+class SweptStore(DagStore, DagRunStore, Protocol):
+    """What the sweep reads and writes: runs, tasks, deliveries, recoveries."""
+
+
+def _running_without_delivery(
+    store: SweptStore, finder: RunningTasksStore | None, run_id: str
+) -> list[tuple[str, str]]:
     """``(task_id, attempt_id)`` of the run's RUNNING tasks whose attempt has
     no queue row; a task with one is reclaimed by its redelivery (WK-18: the
     lease is live or due). The built-in stores answer from the RUNNING rows
-    alone (``running_without_delivery``); any other store is read in full."""
-    finder = StoreCapabilities.of(store).running_tasks
+    alone (``finder``, their ``running_without_delivery``); any other store
+    is read in full."""
     if finder is not None:
         return finder.running_without_delivery(run_id)
     rows = {(d.task_id, d.attempt_id) for d in store.list_deliveries(run_id)}
@@ -74,10 +78,25 @@ def _running_without_delivery(store: Any, run_id: str) -> list[tuple[str, str]]:
 
 
 class StaleSweeper:
-    """The throttled sweep of one worker."""
+    """The throttled sweep of one worker: at most once per ``lease_seconds``;
+    a task at ``max_deliveries`` attempts (or its retry bound) is abandoned."""
 
-    def __init__(self, worker: Worker) -> None:
-        self._worker = worker
+    def __init__(
+        self,
+        store: SweptStore,
+        *,
+        running_tasks: RunningTasksStore | None,
+        clock: Clock,
+        lease_seconds: float,
+        max_deliveries: int,
+        callbacks: OrchestratorCallbacks,
+    ) -> None:
+        self._store = store
+        self._running_tasks = running_tasks
+        self._clock = clock
+        self._lease_seconds = lease_seconds
+        self._max_deliveries = max_deliveries
+        self.callbacks = callbacks
         self._lock = threading.Lock()
         self._running = False
         self._last: float | None = None
@@ -87,12 +106,10 @@ class StaleSweeper:
     def maybe_sweep(self) -> list[SweepReport]:
         """Sweep if no sweep ran within the last lease duration and none is
         running; the reports of this sweep (empty when throttled)."""
-        clock = self._worker.clock
+        clock = self._clock
         with self._lock:
             now = clock.monotonic()
-            if self._running or (
-                self._last is not None and now - self._last < self._worker.lease_seconds
-            ):
+            if self._running or (self._last is not None and now - self._last < self._lease_seconds):
                 return []
             self._running = True
         try:
@@ -107,7 +124,7 @@ class StaleSweeper:
 
     def sweep(self) -> list[SweepReport]:
         """One unthrottled pass over the RUNNING runs."""
-        store = self._worker.store
+        store = self._store
         try:
             runs = store.list_runs(status=RunStatus.RUNNING, limit=SWEEP_RUN_LIMIT)
         except Exception as exc:
@@ -116,7 +133,7 @@ class StaleSweeper:
         reports: list[SweepReport] = []
         for run in runs:
             try:
-                stale = _running_without_delivery(store, run.run_id)
+                stale = _running_without_delivery(store, self._running_tasks, run.run_id)
             except Exception as exc:
                 reports.append(SweepReport("", "failed", f"{type(exc).__name__}: {exc}"))
                 continue
@@ -129,8 +146,7 @@ class StaleSweeper:
         return reports
 
     def _sweep_task(self, task_id: str, attempt_id: str) -> SweepReport:
-        worker = self._worker
-        store = worker.store
+        store = self._store
         fresh = store.get_task(task_id)
         if (
             fresh is None
@@ -142,7 +158,7 @@ class StaleSweeper:
         if nodes is None:
             return SweepReport(task_id, "skipped", "run missing")
         node = nodes[fresh.node_index]
-        bound = worker.max_deliveries
+        bound = self._max_deliveries
         if node.retry is not None:
             bound = max(bound, node.retry.max_attempts)
         if fresh.attempt_number >= bound:
@@ -152,7 +168,7 @@ class StaleSweeper:
                 task_id=task_id,
                 expected_attempt_id=attempt_id,
                 error_message=reason,
-                callbacks=worker.callbacks,
+                callbacks=self.callbacks,
             )
             return SweepReport(task_id, "abandoned", reason)
         recovered = recover_task(
