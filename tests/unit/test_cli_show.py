@@ -203,7 +203,8 @@ def test_tasks_stored_before_attempt_times_show_none(url: str, tmp_path: Path) -
             row[0] for row in conn.execute("SELECT name FROM sqlite_master WHERE type = 'table'")
         ]
         for table in tables:
-            if table not in kept and table != "dagwerk_schema_version":
+            later = table not in kept and table.startswith("dagwerk_")
+            if later and table != "dagwerk_schema_version":
                 conn.execute(f"DROP TABLE {table}")
         conn.execute("ALTER TABLE dagwerk_runs DROP COLUMN traceparent")
         conn.execute("DELETE FROM dagwerk_schema_version WHERE version >= 9")
