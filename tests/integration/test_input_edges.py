@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
-from dagwerk import DagNode, Engine
+from dagwerk import DagNode, Engine, RunStatus, TaskContext, TaskInputs
 from dagwerk.cli import cli
 from dagwerk.constants import MAX_JSON_DEPTH
 from dagwerk.errors import JsonLimitError
@@ -142,3 +142,18 @@ def test_dagwerk_submit_refuses_an_unsafe_run_id(workspace: Path) -> None:
     assert error["code"] == "identifier_invalid"
     assert "run_id" in str(error["message"])
     assert _stored_runs(workspace) == 0
+
+
+
+def test_start_child_refuses_an_unsafe_run_id() -> None:
+    engine = Engine("memory://")
+
+    @engine.plugin("parent")
+    def parent(inputs: TaskInputs, ctx: TaskContext) -> dict[str, object]:
+        ctx.start_child([DagNode(slug="leaf", plugin="noop")], run_id="../escape")
+        return {}
+
+    result = engine.run([DagNode(slug="root", plugin="parent")], timeout=60)
+    assert result.status is RunStatus.FAILED
+    assert "run_id '../escape' contains '/'" in (result.error or "")
+    assert [run.run_id for run in engine.list_runs()] == [result.run_id]

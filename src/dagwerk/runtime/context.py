@@ -13,6 +13,7 @@ from typing import Any, Protocol, overload
 
 from dagwerk.budgets import Budget
 from dagwerk.errors import DagwerkError
+from dagwerk.identifiers import check_identifier
 from dagwerk.json import JsonValue, bounded_json_size, canonical_json_bytes, freeze_json, thaw_json
 from dagwerk.lineage import child_wait_id
 from dagwerk.runtime.budget_guard import ByteLimits
@@ -256,6 +257,8 @@ class TaskContext:
         :class:`~dagwerk.runtime.durable.ChildRunNondeterministicError`
         (never retried): start children in the same order on every attempt.
         """
+        if run_id is not None:
+            check_identifier(run_id, field="run_id")
         index = self.journal.next_child_index()
         chosen = run_id
         if chosen is None:
