@@ -38,6 +38,7 @@ from dagwerk.store import (
     RunFrontierStore,
     RunningTasksStore,
     RunTopologyStore,
+    RunViewStore,
     UnitOfWorkStore,
     WaitAgesStore,
     WaitRecordStore,
@@ -78,6 +79,7 @@ class StoreCapabilities:
     delayed_retry: DelayedRetryStore | None
     rerun: NodeRerunStore | None
     closable: ClosableStore | None
+    views: RunViewStore | None
     limits: Limits | None
     """The limits the store validates with (a :class:`LimitedStore`)."""
 

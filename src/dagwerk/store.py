@@ -101,6 +101,15 @@ from dagwerk.models import (
     ResolvedOutput,
     TaskInputPlan,
 )
+from dagwerk.store_views import (
+    NodeTaskStats,
+    RunCursor,
+    RunPage,
+    RunQuery,
+    RunViewStore,
+    TaskQuery,
+    TaskWait,
+)
 from dagwerk.topology import RunTopology
 
 __all__ = [
@@ -131,6 +140,8 @@ __all__ = [
     "LiveNodeStore",
     "NodeLaunchRef",
     "NodeRerunStore",
+    # dashboard views (dagwerk.store_views)
+    "NodeTaskStats",
     "OutputPublicationError",
     "OutputResolver",
     "QueueForecastStore",
@@ -139,11 +150,15 @@ __all__ = [
     "RerunRefusedError",
     "RunActivity",
     "RunActivityStore",
+    "RunCursor",
     "RunFrontier",
     "RunFrontierStore",
+    "RunPage",
+    "RunQuery",
     "RunRecord",
     "RunReopenResult",
     "RunTopologyStore",
+    "RunViewStore",
     "RunningTasksStore",
     "StallRecord",
     "StoreContractError",
@@ -151,9 +166,11 @@ __all__ = [
     "TaskClaimResult",
     "TaskCompletionResult",
     "TaskFailureResult",
+    "TaskQuery",
     "TaskRecord",
     "TaskRecoveryResult",
     "TaskResumeResult",
+    "TaskWait",
     "TaskWaitResult",
     "UnitOfWorkStore",
     "WaitAgesStore",

@@ -42,5 +42,6 @@ from dagwerk.testing.contract_queue import *  # noqa: F403
 from dagwerk.testing.contract_retry import *  # noqa: F403
 from dagwerk.testing.contract_snapshots import *  # noqa: F403
 from dagwerk.testing.contract_states import *  # noqa: F403
+from dagwerk.testing.contract_views import *  # noqa: F403
 from dagwerk.testing.contract_waiting import *  # noqa: F403
 from dagwerk.testing.contract_workers import *  # noqa: F403

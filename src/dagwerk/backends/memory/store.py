@@ -15,6 +15,7 @@ from ._launches import LaunchesMixin
 from ._queue import QueueMixin
 from ._runs import RunsMixin
 from ._tasks import TasksMixin
+from ._views import ViewsMixin
 from ._workers import WorkersMixin
 
 
@@ -28,6 +29,7 @@ class MemoryStore(
     GatedMixin,
     WorkersMixin,
     FrontierMixin,
+    ViewsMixin,
 ):
     """Implements ``DagStore``, ``DagWaitStore``, ``DagRetryStore``,
     ``OutputResolver`` (the seed's protocols), their extensions

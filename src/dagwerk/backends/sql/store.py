@@ -10,6 +10,7 @@ from ._launches import LaunchesMixin
 from ._queue import QueueMixin
 from ._runs import RunsMixin
 from ._tasks import TasksMixin
+from ._views import ViewsMixin
 from ._waits import WaitsMixin
 from ._workers import WorkersMixin
 
@@ -27,6 +28,7 @@ class SqlStore(
     GatedMixin,
     WorkersMixin,
     FrontierMixin,
+    ViewsMixin,
 ):
     """Implements ``DagStore``, ``DagWaitStore``, ``DagRetryStore``,
     ``OutputResolver`` (the seed's protocols), their extensions
