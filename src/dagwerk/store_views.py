@@ -31,6 +31,7 @@ __all__ = [
     "TaskQuery",
     "TaskWait",
     "check_run_ids",
+    "check_since",
 ]
 
 MAX_PAGE_SIZE = 500
@@ -201,6 +202,14 @@ class TaskWait:
     response: JsonValue | None
 
 
+def check_since(since: object) -> float:
+    """``since`` as a float, or :class:`InvalidStoreValueError` (field ``since``)."""
+    _check_time(since, "since")
+    if since is None:
+        raise InvalidStoreValueError("since must be a finite number (epoch seconds)", field="since")
+    return float(since)  # type: ignore[arg-type]
+
+
 def check_run_ids(run_ids: object) -> tuple[str, ...]:
     """``run_ids`` as a tuple, or :class:`InvalidStoreValueError` (field
     ``run_ids``) for a non-sequence, a non-string or more than
@@ -226,6 +235,11 @@ class RunViewStore(Protocol):
     def list_runs_page(self, query: RunQuery) -> RunPage:
         """Up to ``query.limit`` runs matching ``query``, newest first by
         ``(created_at, run_id)``; ``next`` is set when more may follow."""
+        ...
+
+    def run_status_counts_since(self, since: float) -> Mapping[RunStatus, int]:
+        """How many runs created at or after ``since`` (epoch seconds) are in
+        each status that occurs."""
         ...
 
     def run_task_counts(self, run_ids: Sequence[str]) -> Mapping[str, Mapping[TaskStatus, int]]:

@@ -19,7 +19,7 @@ from types import TracebackType
 from typing import Any
 
 from dagwerk._protocols import implements
-from dagwerk.budgets import Budget
+from dagwerk.budgets import AccountUsage, Budget
 from dagwerk.capabilities import StoreCapabilities
 from dagwerk.constants import (
     RUN_TERMINAL_STATUSES,
@@ -31,7 +31,8 @@ from dagwerk.constants import (
 from dagwerk.errors import DagwerkError
 from dagwerk.graph import validate_graph
 from dagwerk.json import thaw_json
-from dagwerk.models import DagNode, NodeLaunch
+from dagwerk.lineage import RunLink
+from dagwerk.models import DagNode, NodeLaunch, ResolvedOutput
 from dagwerk.orchestrator import OrchestratorCallbacks, cancel_run, reconcile_run, start_run
 from dagwerk.pipelines.loader import Pipeline
 from dagwerk.plugins import PluginMeta
@@ -42,15 +43,21 @@ from dagwerk.runtime.plugins import CostEstimateFn, PluginFn
 from dagwerk.runtime.retry_policy import RetryPolicy
 from dagwerk.runtime.worker import Worker
 from dagwerk.schema import get_pipeline_input_schema, merge_run_input
+from dagwerk.stall import RunDiagnosis
 from dagwerk.store import (
     DagBudgetStore,
     DeadLetter,
     NodeRerunStore,
+    NodeTaskStats,
+    RunCursor,
+    RunPage,
     RunRecord,
     StallRecord,
     TaskRecord,
     TaskResumeResult,
+    TaskWait,
     WaitRecordStore,
+    WorkerRecord,
     validate_wait_id,
 )
 from dagwerk.waiting import resume_task
@@ -58,6 +65,7 @@ from dagwerk.waiting import resume_task
 from ._plugins import EngineRegistry, import_plugin_modules, plugin_problems
 from ._results import RunNotFoundError, RunProgress, RunResult, read_progress, read_result
 from ._urls import DEFAULT_URL, open_store
+from ._views import RunViews
 
 __all__ = [
     "Engine",
@@ -161,6 +169,7 @@ class Engine:
         self._store: Any = open_store(self.url, **store_options)
         self._capabilities = StoreCapabilities.of(self._store)
         self._wait_records: WaitRecordStore | None = self._capabilities.wait_records
+        self._views = RunViews(self._store, self._capabilities)
         self._workers: list[Worker] = []
         self._closed = False
 
@@ -600,6 +609,110 @@ class Engine:
         """Give a dead letter's task a fresh attempt; the new attempt ID or ``None``."""
         attempt: str | None = self._store.reinject_dead_letter(dead_letter_id)
         return attempt
+
+    # --- views (the dashboard's reads; RunViewStore) -------------------------------
+
+    def list_runs_page(
+        self,
+        *,
+        status: RunStatus | str | None = None,
+        pipeline: str | None = None,
+        created_after: float | None = None,
+        created_before: float | None = None,
+        after: RunCursor | str | None = None,
+        limit: int = 50,
+    ) -> RunPage:
+        """One page of runs, newest first, filtered by status, pipeline name
+        and creation time (``created_after`` inclusive, ``created_before``
+        exclusive, epoch seconds). ``after`` is an earlier page's ``next``
+        (or its :meth:`~dagwerk.store.RunCursor.encode` token); keyset
+        paging, so a page costs the same however deep it is. Bad filters raise
+        :class:`~dagwerk.store.InvalidStoreValueError` naming the field."""
+        return self._views.runs_page(
+            status=status,
+            pipeline=pipeline,
+            created_after=created_after,
+            created_before=created_before,
+            after=after,
+            limit=limit,
+        )
+
+    def run_status_counts_since(self, since: float) -> Mapping[RunStatus, int]:
+        """How many runs created at or after ``since`` are in each status."""
+        return self._views.run_status_counts_since(since)
+
+    def run_task_counts(self, run_ids: Sequence[str]) -> Mapping[str, Mapping[TaskStatus, int]]:
+        """Task counts by status of each run's active generation (unknown runs absent)."""
+        return self._views.run_task_counts(run_ids)
+
+    def node_stats(self, run_id: str) -> list[NodeTaskStats]:
+        """Per node with tasks: counts by status, attempts and time span."""
+        return self._views.node_stats(run_id)
+
+    def list_tasks_page(
+        self,
+        run_id: str,
+        *,
+        node: str | None = None,
+        status: TaskStatus | str | None = None,
+        after: str | None = None,
+        limit: int = 50,
+    ) -> list[TaskRecord]:
+        """Up to ``limit`` tasks of the run's active generation in creation
+        order, of node ``node`` (a slug) and ``status`` when given, after the
+        task ID ``after``."""
+        index = None if node is None else self._indices(run_id, [node])[0]
+        return self._views.tasks_page(
+            run_id, node_index=index, status=status, after=after, limit=limit
+        )
+
+    def get_task(self, task_id: str) -> TaskRecord | None:
+        """The task's record (invalidated tasks included), or ``None``."""
+        task: TaskRecord | None = self._store.get_task(task_id)
+        return task
+
+    def task_waits(self, task_id: str) -> list[TaskWait]:
+        """Every wait the task entered, oldest first, with its state and response."""
+        return self._views.task_waits(task_id)
+
+    def task_outputs(self, task_id: str) -> list[ResolvedOutput]:
+        """The outputs the task published under the runtime's IDs (``TASK_ID/N``)."""
+        return self._views.task_outputs(task_id)
+
+    def node_outputs(
+        self, run_id: str, node_index: int, *, limit: int = 20
+    ) -> list[ResolvedOutput]:
+        """The first ``limit`` outputs node ``node_index`` published (active generation)."""
+        return self._views.node_outputs(run_id, node_index, limit)
+
+    def run_input(self, run_id: str) -> object:
+        """The run's stored input (laid over the pipeline's defaults)."""
+        return self._views.run_input(run_id)
+
+    def diagnose(self, run_id: str) -> RunDiagnosis:
+        """Why each node has (not) run and whether the run is stalled (``show --why``)."""
+        return self._views.diagnose(run_id)
+
+    def node_launches(self, run_id: str) -> Mapping[int, NodeLaunch]:
+        """The active launch of each launched node, by node index."""
+        return self._views.node_launches(run_id)
+
+    def list_workers(self) -> list[WorkerRecord]:
+        """Workers seen recently, newest heartbeat first (none on a store
+        that records no workers)."""
+        return self._views.workers()
+
+    def run_link(self, run_id: str) -> RunLink | None:
+        """The parent of a child run (``None`` for a top-level run)."""
+        return self._views.run_link(run_id)
+
+    def child_runs(self, run_id: str) -> list[str]:
+        """IDs of the run's child runs, in creation order."""
+        return self._views.child_runs(run_id)
+
+    def run_budget(self, run_id: str) -> tuple[AccountUsage, ...]:
+        """The budget accounts the run draws on and what each has used."""
+        return self._views.run_budget(run_id)
 
     # --- helpers -----------------------------------------------------------------
 

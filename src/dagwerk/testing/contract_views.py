@@ -110,6 +110,11 @@ def test_vw_02_run_pages_filter_by_status_pipeline_and_time(
     both = RunQuery(pipeline="load", status=RunStatus.PENDING, created_before=start + 30.0)
     assert ids(views.list_runs_page(both)) == ["run-0"]
     assert _all_pages(views, pipeline="etl") == [["run-3", "run-1"]]
+    assert dict(views.run_status_counts_since(start + 10.0)) == {
+        RunStatus.PENDING: 2,
+        RunStatus.CANCELLED: 1,
+    }
+    assert dict(views.run_status_counts_since(queue_clock.now)) == {}
     assert ids(views.list_runs_page(RunQuery(pipeline="none"))) == []
 
 
@@ -138,6 +143,9 @@ def test_vw_03_invalid_view_requests_name_the_field(
     with pytest.raises(InvalidStoreValueError) as counted:
         _views(store).run_task_counts(["r"] * 501)
     assert counted.value.field == "run_ids"
+    with pytest.raises(InvalidStoreValueError) as since:
+        _views(store).run_status_counts_since(float("inf"))
+    assert since.value.field == "since"
 
 
 def _fan_run(store: QueueContractStore) -> FakeWorker:
@@ -208,9 +216,7 @@ def test_vw_05_task_pages_filter_by_node_and_status(store: QueueContractStore) -
     assert len(work) == 4 and all(t.node_index == 1 for t in work)
     (failed,) = views.list_tasks_page("run-1", TaskQuery(status=TaskStatus.FAILED))
     assert failed.error == "boom" and failed.node_index == 1
-    (waiting,) = views.list_tasks_page(
-        "run-1", TaskQuery(node_index=1, status=TaskStatus.WAITING)
-    )
+    (waiting,) = views.list_tasks_page("run-1", TaskQuery(node_index=1, status=TaskStatus.WAITING))
     assert waiting.active_wait_id == "approval"
     assert views.list_tasks_page("run-1", TaskQuery(node_index=0, status=TaskStatus.FAILED)) == []
 
@@ -248,9 +254,7 @@ def test_vw_06_waits_outputs_and_input_of_a_task_and_run(
     assert dict(outputs[0].fields) == {"kind": "x"}
     (done, *_) = views.list_tasks_page("run-1", TaskQuery(status=TaskStatus.COMPLETED))
     assert done.node_index == 0
-    work_done = views.list_tasks_page(
-        "run-1", TaskQuery(node_index=1, status=TaskStatus.COMPLETED)
-    )
+    work_done = views.list_tasks_page("run-1", TaskQuery(node_index=1, status=TaskStatus.COMPLETED))
     (out,) = views.list_task_outputs(work_done[0].task_id)
     assert out.id == f"{work_done[0].task_id}/out-0"
     assert dict(out.data) == {"path": f"/data/{work_done[0].task_id}/0"}

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 
-from dagwerk.constants import TaskStatus
+from dagwerk.constants import RunStatus, TaskStatus
 from dagwerk.json import JsonValue, ReadOnlyDict
 from dagwerk.models import ResolvedOutput
 from dagwerk.store import TaskRecord
@@ -16,6 +16,7 @@ from dagwerk.store_views import (
     TaskQuery,
     TaskWait,
     check_run_ids,
+    check_since,
 )
 
 from ._base import MemoryStoreBase
@@ -50,6 +51,15 @@ class ViewsMixin(MemoryStoreBase):
         last = page[-1] if page else None
         cursor = RunCursor(last.created_at, last.run_id) if more and last is not None else None
         return RunPage(page, cursor)
+
+    def run_status_counts_since(self, since: float) -> Mapping[RunStatus, int]:
+        start = check_since(since)
+        counts: dict[RunStatus, int] = {}
+        with self._lock:
+            for run in self._runs.values():
+                if run.created_at >= start:
+                    counts[run.status] = counts.get(run.status, 0) + 1
+        return ReadOnlyDict(counts)
 
     def run_task_counts(self, run_ids: Sequence[str]) -> Mapping[str, Mapping[TaskStatus, int]]:
         wanted = check_run_ids(run_ids)

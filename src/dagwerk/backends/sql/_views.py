@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 from collections.abc import Mapping, Sequence
 
-from dagwerk.constants import TaskStatus
+from dagwerk.constants import RunStatus, TaskStatus
 from dagwerk.json import JsonValue, ReadOnlyDict
 from dagwerk.models import ResolvedOutput
 from dagwerk.store import TaskRecord
@@ -17,6 +17,7 @@ from dagwerk.store_views import (
     TaskQuery,
     TaskWait,
     check_run_ids,
+    check_since,
 )
 
 from ._base import SqlStoreBase, loads_value
@@ -46,15 +47,19 @@ class ViewsMixin(SqlStoreBase):
         cursor = RunCursor(runs[-1].created_at, runs[-1].run_id) if more and runs else None
         return RunPage(runs, cursor)
 
+    def run_status_counts_since(self, since: float) -> Mapping[RunStatus, int]:
+        start = check_since(since)
+        with self._gw.read() as tx:
+            rows = tx.all("views_run_status_counts", {"since": start})
+        return ReadOnlyDict({RunStatus(row["status"]): int(row["n"]) for row in rows})
+
     def run_task_counts(self, run_ids: Sequence[str]) -> Mapping[str, Mapping[TaskStatus, int]]:
         wanted = check_run_ids(run_ids)
         if not wanted:
             return {}
         with self._gw.read() as tx:
             rows = tx.all("views_run_task_counts", {"run_ids": json.dumps(list(wanted))})
-            known = {
-                run_id for run_id in wanted if tx.one("views_run_exists", {"run_id": run_id})
-            }
+            known = {run_id for run_id in wanted if tx.one("views_run_exists", {"run_id": run_id})}
         found: dict[str, dict[TaskStatus, int]] = {run_id: {} for run_id in known}
         for row in rows:
             found.setdefault(row["run_id"], {})[TaskStatus(row["status"])] = int(row["n"])

@@ -737,3 +737,6 @@ SELECT output_id, fields, data FROM dagwerk_outputs
 WHERE run_id = :run_id AND node_index = :node_index AND invalidated = 0
   AND output_id >= :prefix || '/' AND output_id < :prefix || '0'
 ORDER BY seq;
+
+-- name: views_run_status_counts
+SELECT status, count(*) AS n FROM dagwerk_runs WHERE created_at >= :since GROUP BY status;
