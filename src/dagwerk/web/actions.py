@@ -25,6 +25,7 @@ __all__ = [
     "MAX_IDEMPOTENCY_KEY_LENGTH",
     "MAX_NODES_PER_ACTION",
     "ActionInputError",
+    "NotFoundError",
     "PipelineNotFoundError",
     "PipelineRegistry",
     "cancel",
@@ -47,6 +48,12 @@ class ActionInputError(DagwerkError, ValueError):
     """An action's input is malformed (the field says which)."""
 
     code = "invalid_input"
+
+
+class NotFoundError(DagwerkError, LookupError):
+    """A task or dead letter named in the URL does not exist."""
+
+    code = "not_found"
 
 
 class PipelineNotFoundError(DagwerkError, LookupError):

@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
-from urllib.parse import quote, urlsplit
+from urllib.parse import parse_qs, quote, urlsplit
 
 from jinja2 import Environment, PackageLoader, select_autoescape
 from starlette.applications import Starlette
@@ -39,7 +39,12 @@ from dagwerk.constants import RunStatus
 from dagwerk.engine import Engine
 from dagwerk.errors import DagwerkError
 from dagwerk.web import actions, reads
-from dagwerk.web.actions import ActionInputError, PipelineRegistry, parse_json_text
+from dagwerk.web.actions import (
+    ActionInputError,
+    NotFoundError,
+    PipelineRegistry,
+    parse_json_text,
+)
 from dagwerk.web.security import (
     CSRF_COOKIE,
     LOOPBACK_NAMES,
@@ -265,10 +270,14 @@ async def _csrf_refusal(request: Request, via: str, is_api: bool) -> Response | 
                 415,
             )
         return None
-    form = await request.form()
+    # The body is read (and cached for the endpoint), never parsed as a
+    # stream here: the endpoint parses the form again.
+    raw = await request.body()
+    kind = request.headers.get("content-type", "").split(";", 1)[0].strip().lower()
+    fields = parse_qs(raw.decode("latin-1")) if kind == "application/x-www-form-urlencoded" else {}
+    given = fields.get("csrf", [None])[0]
     expected = request.cookies.get(CSRF_COOKIE)
-    given = form.get("csrf")
-    if expected is None or not isinstance(given, str) or not tokens_match(given, expected):
+    if expected is None or given is None or not tokens_match(given, expected):
         return HTMLResponse(
             "the form's CSRF token does not match: reload the page and try again\n", 403
         )
@@ -382,9 +391,7 @@ def create_app(engine: Engine, settings: WebSettings | None = None) -> Starlette
         task_id = request.path_params["task_id"]
         detail = await call(reads.task_detail, engine, task_id)
         if detail is None:
-            raise ActionInputError(
-                f"task {task_id!r} does not exist", code="task_not_found", field="task_id"
-            ) from None
+            raise NotFoundError(f"task {task_id!r} does not exist", field="task_id") from None
         return page(request, "task.html", d=detail)
 
     async def letters_page(request: Request) -> Response:
@@ -401,7 +408,7 @@ def create_app(engine: Engine, settings: WebSettings | None = None) -> Starlette
                 request,
                 "error.html",
                 404,
-                error=ActionInputError(
+                error=NotFoundError(
                     f"dead letter {letter_id!r} does not exist", field="dead_letter_id"
                 ),
             )
@@ -516,9 +523,7 @@ def create_app(engine: Engine, settings: WebSettings | None = None) -> Starlette
         task_id = request.path_params["task_id"]
         detail = await call(reads.task_detail, engine, task_id)
         if detail is None:
-            raise ActionInputError(
-                f"task {task_id!r} does not exist", code="task_not_found", field="task_id"
-            )
+            raise NotFoundError(f"task {task_id!r} does not exist", field="task_id")
         return JSONResponse(detail)
 
     def api_task_part(part: str) -> Callable[[Request], Awaitable[Response]]:
@@ -526,9 +531,7 @@ def create_app(engine: Engine, settings: WebSettings | None = None) -> Starlette
             task_id = request.path_params["task_id"]
             detail = await call(reads.task_detail, engine, task_id)
             if detail is None:
-                raise ActionInputError(
-                    f"task {task_id!r} does not exist", code="task_not_found", field="task_id"
-                )
+                raise NotFoundError(f"task {task_id!r} does not exist", field="task_id")
             return JSONResponse({part: detail[part]})
 
         return endpoint
