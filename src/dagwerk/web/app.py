@@ -278,9 +278,13 @@ async def _csrf_refusal(request: Request, via: str, is_api: bool) -> Response | 
     given = fields.get("csrf", [None])[0]
     expected = request.cookies.get(CSRF_COOKIE)
     if expected is None or given is None or not tokens_match(given, expected):
-        return HTMLResponse(
-            "the form's CSRF token does not match: reload the page and try again\n", 403
-        )
+        message = "the form's CSRF token does not match: reload the page and try again"
+        if request.headers.get("accept", "").startswith("application/json"):
+            return JSONResponse(
+                {"error": {"code": "csrf", "message": message, "field": "csrf", "limit": None}},
+                403,
+            )
+        return HTMLResponse(message + "\n", 403)
     return None
 
 

@@ -50,17 +50,20 @@
     event.preventDefault();
     var confirmText = form.getAttribute("data-confirm");
     if (confirmText && !window.confirm(confirmText)) { return; }
-    var action = (event.submitter && event.submitter.formAction) || form.action;
-    var data = new FormData(form);
+    // A button's formAction property is the page's URL when it has no
+    // formaction attribute: read the attribute.
+    var action = (event.submitter && event.submitter.getAttribute("formaction")) || form.action;
+    // URL-encoded like a plain form post (the server reads no multipart).
+    var data = new URLSearchParams(new FormData(form));
     fetch(action, { method: "POST", body: data, headers: { "Accept": "application/json" }, credentials: "same-origin" })
       .then(function (r) {
-        return r.json().then(function (body) { return { ok: r.ok, body: body }; },
-                             function () { return { ok: r.ok, body: {} }; });
+        return r.json().then(function (body) { return { ok: r.ok, status: r.status, body: body }; },
+                             function () { return { ok: r.ok, status: r.status, body: {} }; });
       })
       .then(function (answer) {
         if (!answer.ok) {
           var e = answer.body.error || {};
-          flash((e.message || "the action failed") + (e.field ? " (field: " + e.field + ")" : ""), true);
+          flash((e.message || "the action failed (HTTP " + answer.status + ")") + (e.field ? " (field: " + e.field + ")" : ""), true);
           return;
         }
         flash("done", false);
