@@ -159,6 +159,10 @@ def dag_svg(
     return Markup("".join(parts))
 
 
+def _seconds(value: float) -> str:
+    return f"{value * 1000:.0f} ms" if value < 1 else f"{value:.1f} s"
+
+
 def _clip(text: str, size: int) -> str:
     return text if len(text) <= size else text[: size - 1] + "…"
 
@@ -199,6 +203,6 @@ def gantt_svg(
         )
     parts.append(
         f'<text class="muted" x="{label}" y="{height - 4}">0 s</text>'
-        f'<text class="muted" x="{label + bar - 40}" y="{height - 4}">{span:.1f} s</text></svg>'
+        f'<text class="muted" x="{label + bar - 40}" y="{height - 4}">{_seconds(span)}</text></svg>'
     )
     return Markup("".join(parts))
