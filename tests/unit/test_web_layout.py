@@ -23,7 +23,7 @@ def test_a_node_sits_one_layer_after_its_deepest_source() -> None:
 
 
 def test_a_long_chain_does_not_recurse() -> None:
-    sources = [[]] + [[i] for i in range(5_000)]
+    sources: list[list[int]] = [[]] + [[i] for i in range(5_000)]
     assert layers_by_longest_path(sources)[-1] == 5_000
 
 
