@@ -1,5 +1,14 @@
 """Helpers of the browser suite: the system's Chromium and its driver, a
-``dagwerk serve`` process, and a browser that keeps a screenshot of each page."""
+``dagwerk serve`` process over a demo database, and a browser that keeps a
+screenshot of each page it opens. Nothing is downloaded: the browser and
+its driver are Debian's ``chromium`` and ``chromium-driver``.
+
+Without them the suite is skipped, except in CI (``CI`` set), where it
+fails: a broken browser setup must never pass as green. A failing test
+leaves a screenshot of each page it opened and the last page's HTML in its
+temporary folder. The fixtures live here, not in a ``conftest.py``, so this
+directory adds no second module named ``conftest`` to the test run.
+"""
 
 from __future__ import annotations
 
@@ -10,6 +19,7 @@ import socket
 import subprocess
 import sys
 import threading
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -22,7 +32,9 @@ __all__ = [
     "FLAGS",
     "Browser",
     "Served",
+    "browser",
     "require_chromium",
+    "serve",
     "start_serve",
 ]
 
@@ -158,3 +170,43 @@ class Browser:
             with (folder / "pages.txt").open("a", encoding="utf-8") as index:
                 index.write(f"page-{number:02d}.png {label}\n")
         (folder / "failure.html").write_text(self.driver.page_source, encoding="utf-8")
+
+
+@pytest.fixture
+def serve(tmp_path: Path) -> Iterator[Callable[..., Served]]:
+    started: list[Served] = []
+
+    def make(db: str, *args: str, **options: Any) -> Served:
+        served = start_serve(db, tmp_path, *args, **options)
+        started.append(served)
+        return served
+
+    yield make
+    for served in started:
+        served.stop()
+
+
+@pytest.fixture
+def browser(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Browser]:
+    require_chromium()
+    from selenium import webdriver
+    from selenium.webdriver.chrome.service import Service
+
+    options = webdriver.ChromeOptions()
+    options.binary_location = str(CHROMIUM)
+    for flag in FLAGS:
+        options.add_argument(flag)
+    profile = tmp_path / "chromium-profile"
+    profile.mkdir()
+    options.add_argument(f"--user-data-dir={profile}")
+    driver = webdriver.Chrome(options=options, service=Service(executable_path=str(CHROMEDRIVER)))
+    driver.set_page_load_timeout(30)
+    wrapped = Browser(driver)
+    failures_before = request.session.testsfailed
+    try:
+        yield wrapped
+    finally:
+        # The call phase's report is counted before fixtures are torn down.
+        if request.session.testsfailed > failures_before:
+            wrapped.save(tmp_path)
+        driver.quit()

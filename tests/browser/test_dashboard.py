@@ -13,6 +13,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
+import browser_support
 import pytest
 from browser_support import Browser, Served
 
@@ -21,6 +22,10 @@ from dagwerk.engine import Engine
 from dagwerk.testing.web import Demo, register_demo_plugins, seed_demo
 
 WAIT = 30.0
+
+# The suite's fixtures (see browser_support).
+serve = browser_support.serve
+browser = browser_support.browser
 
 
 @pytest.fixture
