@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from typing import Protocol, runtime_checkable
 
 from dagwerk._store_types import InvalidStoreValueError, RunRecord, TaskRecord
-from dagwerk.constants import RunStatus, TaskStatus
+from dagwerk.constants import NodeDisposition, RunStatus, TaskStatus
 from dagwerk.json import JsonValue, ReadOnlyDict
 from dagwerk.models import ResolvedOutput
 
@@ -170,14 +170,20 @@ class TaskQuery:
 
 @dataclass(frozen=True, slots=True)
 class NodeTaskStats:
-    """The tasks of one node of a run's active generation, counted.
+    """One launched node of a run's active generation: its launch and its
+    tasks, counted.
 
-    ``counts`` holds only the statuses that occur; ``attempts`` sums the
-    tasks' attempt numbers (retries, recoveries and resumes included);
-    ``first_started_at`` / ``last_finished_at`` bound the current attempts'
-    store times (``None`` while none started / finished)."""
+    ``disposition``, ``complete`` and ``error`` are the active launch's
+    (``error`` ``None`` unless planning failed); ``counts`` holds only the
+    task statuses that occur; ``attempts`` sums the tasks' attempt numbers
+    (retries, recoveries and resumes included); ``first_started_at`` /
+    ``last_finished_at`` bound the current attempts' store times (``None``
+    while none started / finished)."""
 
     node_index: int
+    disposition: NodeDisposition
+    complete: bool
+    error: str | None = None
     counts: Mapping[TaskStatus, int] = field(default_factory=ReadOnlyDict)
     attempts: int = 0
     first_started_at: float | None = None
@@ -249,8 +255,8 @@ class RunViewStore(Protocol):
         ...
 
     def node_task_stats(self, run_id: str) -> list[NodeTaskStats] | None:
-        """One entry per node of the run that has tasks in its active
-        generation, by node index; ``None`` if the run does not exist."""
+        """One entry per node of the run with an active launch, by node
+        index; ``None`` if the run does not exist."""
         ...
 
     def list_tasks_page(self, run_id: str, query: TaskQuery) -> list[TaskRecord]:

@@ -646,7 +646,8 @@ class Engine:
         return self._views.run_task_counts(run_ids)
 
     def node_stats(self, run_id: str) -> list[NodeTaskStats]:
-        """Per node with tasks: counts by status, attempts and time span."""
+        """Per launched node: its launch's disposition, task counts by
+        status, attempts and time span."""
         return self._views.node_stats(run_id)
 
     def list_tasks_page(
@@ -692,10 +693,6 @@ class Engine:
     def diagnose(self, run_id: str) -> RunDiagnosis:
         """Why each node has (not) run and whether the run is stalled (``show --why``)."""
         return self._views.diagnose(run_id)
-
-    def node_launches(self, run_id: str) -> Mapping[int, NodeLaunch]:
-        """The active launch of each launched node, by node index."""
-        return self._views.node_launches(run_id)
 
     def list_workers(self) -> list[WorkerRecord]:
         """Workers seen recently, newest heartbeat first (none on a store

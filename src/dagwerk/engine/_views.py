@@ -16,7 +16,7 @@ from dagwerk.constants import RunStatus, TaskStatus
 from dagwerk.errors import DagwerkError
 from dagwerk.json import JsonValue
 from dagwerk.lineage import RunLink
-from dagwerk.models import NodeLaunch, ResolvedOutput
+from dagwerk.models import ResolvedOutput
 from dagwerk.runtime.backstop import diagnose_stored_run
 from dagwerk.stall import RunDiagnosis
 from dagwerk.store import (
@@ -127,10 +127,6 @@ class RunViews:
         if found is None:
             raise RunNotFoundError(f"run {run_id!r} does not exist", field="run_id")
         return found
-
-    def node_launches(self, run_id: str) -> Mapping[int, NodeLaunch]:
-        launches: Mapping[int, NodeLaunch] = self.store.list_node_launches(run_id)
-        return launches
 
     def workers(self) -> list[WorkerRecord]:
         presence = self.capabilities.presence

@@ -11,7 +11,7 @@ from collections.abc import Callable
 
 import pytest
 
-from dagwerk.constants import FailurePolicy, InputMode, RunStatus, TaskStatus
+from dagwerk.constants import FailurePolicy, InputMode, NodeDisposition, RunStatus, TaskStatus
 from dagwerk.orchestrator import start_run
 from dagwerk.store import (
     InvalidStoreValueError,
@@ -194,6 +194,8 @@ def test_vw_04_task_counts_per_run_and_per_node(
     assert [s.node_index for s in stats] == [0, 1]
     fan, work = stats
     assert dict(fan.counts) == {TaskStatus.COMPLETED: 1} and fan.total == 1
+    assert (fan.disposition, fan.complete, fan.error) == (NodeDisposition.LAUNCHED, True, None)
+    assert (work.disposition, work.complete) == (NodeDisposition.LAUNCHED, False)
     assert dict(work.counts) == {
         TaskStatus.COMPLETED: 2,
         TaskStatus.FAILED: 1,

@@ -168,7 +168,7 @@ def _node_state(stats: NodeTaskStats | None, disposition: str | None, complete: 
 
 
 def _counts_line(stats: NodeTaskStats | None) -> str:
-    if stats is None:
+    if stats is None or not stats.counts:
         return "no tasks"
     parts = [f"{stats.counts[s]} {label}" for s, label in COUNT_LABELS if stats.counts.get(s)]
     return " · ".join(parts) or "no tasks"
@@ -184,7 +184,6 @@ def run_detail(engine: Engine, run_id: str) -> dict[str, Any]:
         raise RunNotFoundError(f"run {run_id!r} does not exist", field="run_id")
     nodes = engine.nodes(run_id)
     stats = {s.node_index: s for s in engine.node_stats(run_id)}
-    launches = engine.node_launches(run_id)
     sources = node_sources(nodes)
     consumed = {source for found in sources for source in found}
     total: dict[TaskStatus, int] = {}
@@ -193,9 +192,8 @@ def run_detail(engine: Engine, run_id: str) -> dict[str, Any]:
         stat = stats.get(index)
         for status, n in stat.counts.items() if stat else ():
             total[status] = total.get(status, 0) + n
-        launch = launches.get(index)
-        disposition = None if launch is None else launch.disposition.value
-        state = _node_state(stat, disposition, launch is not None and launch.complete)
+        disposition = None if stat is None else stat.disposition.value
+        state = _node_state(stat, disposition, stat is not None and stat.complete)
         node_rows.append(
             {
                 "index": index,
@@ -203,7 +201,7 @@ def run_detail(engine: Engine, run_id: str) -> dict[str, Any]:
                 "plugin": node.plugin,
                 "state": state,
                 "disposition": disposition,
-                "error": (launch.error or None) if launch is not None else None,
+                "error": None if stat is None else stat.error,
                 "tasks": {} if stat is None else _status_counts(stat.counts),
                 "tasks_total": 0 if stat is None else stat.total,
                 "attempts": 0 if stat is None else stat.attempts,

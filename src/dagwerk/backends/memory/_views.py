@@ -82,8 +82,8 @@ class ViewsMixin(MemoryStoreBase):
                 if not task.invalidated:
                     by_node.setdefault(task.node_index, []).append(task)
             stats: list[NodeTaskStats] = []
-            for index in sorted(by_node):
-                tasks = by_node[index]
+            for index, launch in sorted(run.launches.items()):
+                tasks = by_node.get(index, [])
                 counts: dict[TaskStatus, int] = {}
                 for task in tasks:
                     counts[task.status] = counts.get(task.status, 0) + 1
@@ -92,6 +92,9 @@ class ViewsMixin(MemoryStoreBase):
                 stats.append(
                     NodeTaskStats(
                         node_index=index,
+                        disposition=launch.disposition,
+                        complete=launch.complete,
+                        error=launch.error or None,
                         counts=ReadOnlyDict(counts),
                         attempts=sum(t.attempt_number for t in tasks),
                         first_started_at=min(started) if started else None,

@@ -262,3 +262,8 @@ CREATE TABLE dagwerk_workers (
     seen_at DOUBLE PRECISION NOT NULL,
     expires_at DOUBLE PRECISION NOT NULL
 );
+
+-- version 10: indexes of the dashboard's views.
+CREATE INDEX dagwerk_tasks_node_stats ON dagwerk_tasks
+    (run_id, invalidated, node_index, status, attempt_number, started_at, finished_at);
+CREATE INDEX dagwerk_runs_created_status ON dagwerk_runs (created_at, status);

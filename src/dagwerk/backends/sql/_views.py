@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 from collections.abc import Mapping, Sequence
 
-from dagwerk.constants import RunStatus, TaskStatus
+from dagwerk.constants import NodeDisposition, RunStatus, TaskStatus
 from dagwerk.json import JsonValue, ReadOnlyDict
 from dagwerk.models import ResolvedOutput
 from dagwerk.store import TaskRecord
@@ -69,17 +69,25 @@ class ViewsMixin(SqlStoreBase):
         with self._gw.read() as tx:
             if tx.one("views_run_exists", {"run_id": run_id}) is None:
                 return None
+            launches = tx.all("views_node_launches", {"run_id": run_id})
             rows = tx.all("views_node_task_stats", {"run_id": run_id})
         by_node: dict[int, list[Row]] = {}
         for row in rows:
             by_node.setdefault(int(row["node_index"]), []).append(row)
         stats: list[NodeTaskStats] = []
-        for index, group in sorted(by_node.items()):
+        for launch in sorted(launches, key=lambda row: int(row["node_index"])):
+            index = int(launch["node_index"])
+            group = by_node.get(index, [])
             started = [r["first_started_at"] for r in group if r["first_started_at"] is not None]
             finished = [r["last_finished_at"] for r in group if r["last_finished_at"] is not None]
+            disposition = NodeDisposition(launch["disposition"])
             stats.append(
                 NodeTaskStats(
                     node_index=index,
+                    disposition=disposition,
+                    complete=disposition is not NodeDisposition.LAUNCHED
+                    or int(launch["completed"]) == int(launch["task_count"]),
+                    error=launch["error"] or None,
                     counts=ReadOnlyDict({TaskStatus(r["status"]): int(r["n"]) for r in group}),
                     attempts=sum(int(r["attempts"]) for r in group),
                     first_started_at=float(min(started)) if started else None,
@@ -96,16 +104,17 @@ class ViewsMixin(SqlStoreBase):
                 if after is None or after["run_id"] != run_id:
                     return []
                 after_seq = int(after["seq"])
-            rows = tx.all(
-                "views_tasks_page",
-                {
-                    "run_id": run_id,
-                    "node_index": query.node_index,
-                    "status": None if query.status is None else query.status.value,
-                    "after_seq": after_seq,
-                    "limit": query.limit,
-                },
-            )
+            params = {
+                "run_id": run_id,
+                "node_index": query.node_index,
+                "status": None if query.status is None else query.status.value,
+                "after_seq": after_seq,
+                "limit": query.limit,
+            }
+            if query.node_index is None:
+                rows = tx.all("views_tasks_page", params)
+            else:  # by the node's active launch: an index range however big the run
+                rows = tx.all("views_node_tasks_page", params)
             return [task_record(row) for row in rows]
 
     def list_task_waits(self, task_id: str) -> list[TaskWait]:

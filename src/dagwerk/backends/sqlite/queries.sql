@@ -708,6 +708,7 @@ WHERE run_id IN (SELECT value FROM json_each(:run_ids)) AND invalidated = 0
 GROUP BY run_id, status;
 
 -- name: views_node_task_stats
+-- Counted from dagwerk_tasks_node_stats alone (it covers every column).
 SELECT node_index, status, count(*) AS n, sum(attempt_number) AS attempts,
        min(started_at) AS first_started_at, max(finished_at) AS last_finished_at
 FROM dagwerk_tasks WHERE run_id = :run_id AND invalidated = 0
@@ -723,6 +724,20 @@ WHERE run_id = :run_id AND invalidated = 0
   AND (:status IS NULL OR status = :status)
   AND seq > :after_seq
 ORDER BY seq LIMIT :limit;
+
+-- name: views_node_tasks_page
+-- The tasks of one node's active launch, by the (launch_id, seq) index.
+SELECT * FROM dagwerk_tasks
+WHERE launch_id = (SELECT launch_id FROM dagwerk_launches
+                   WHERE run_id = :run_id AND node_index = :node_index AND active = 1)
+  AND invalidated = 0
+  AND (:status IS NULL OR status = :status)
+  AND seq > :after_seq
+ORDER BY seq LIMIT :limit;
+
+-- name: views_node_launches
+SELECT node_index, disposition, error, task_count, completed FROM dagwerk_launches
+WHERE run_id = :run_id AND active = 1;
 
 -- name: views_task_seq
 SELECT seq, run_id, node_index FROM dagwerk_tasks WHERE task_id = :task_id;
