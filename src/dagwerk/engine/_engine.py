@@ -707,9 +707,9 @@ class Engine:
         """IDs of the run's child runs, in creation order."""
         return self._views.child_runs(run_id)
 
-    def run_budget(self, run_id: str) -> tuple[AccountUsage, ...]:
+    def budget_usage(self, run_id: str) -> tuple[AccountUsage, ...]:
         """The budget accounts the run draws on and what each has used."""
-        return self._views.run_budget(run_id)
+        return self._views.budget_usage(run_id)
 
     # --- helpers -----------------------------------------------------------------
 

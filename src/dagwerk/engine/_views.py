@@ -140,6 +140,6 @@ class RunViews:
         children = self.capabilities.children
         return [] if children is None else children.list_child_runs(run_id)
 
-    def run_budget(self, run_id: str) -> tuple[AccountUsage, ...]:
+    def budget_usage(self, run_id: str) -> tuple[AccountUsage, ...]:
         budgets = self.capabilities.budgets
         return () if budgets is None else budgets.get_run_budget(run_id)

@@ -262,7 +262,7 @@ def run_detail(engine: Engine, run_id: str) -> dict[str, Any]:
             {"run_id": child, "status": _status_of(engine, child)}
             for child in engine.child_runs(run_id)[:MAX_LISTED_OUTPUTS]
         ],
-        "budgets": [usage.to_json() for usage in engine.run_budget(run_id)],
+        "budgets": [usage.to_json() for usage in engine.budget_usage(run_id)],
         "outputs": outputs,
         "failed_nodes": [row["slug"] for row in node_rows if row["state"] == "failed"],
     }
