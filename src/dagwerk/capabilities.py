@@ -40,6 +40,7 @@ from dagwerk.store import (
     RunFrontierStore,
     RunningTasksStore,
     RunTopologyStore,
+    RunViewStore,
     ScheduleStore,
     UnitOfWorkStore,
     WaitAgesStore,
@@ -89,6 +90,7 @@ class StoreCapabilities:
     run_traces: RunTraceStore | None
     schedules: ScheduleStore | None
     idempotent_submits: IdempotentSubmitStore | None
+    views: RunViewStore | None
     limits: Limits | None
     """The limits the store validates with (a :class:`LimitedStore`)."""
 

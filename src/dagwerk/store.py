@@ -146,6 +146,15 @@ from dagwerk.store_schedules import (
     ScheduleRecord,
     ScheduleStore,
 )
+from dagwerk.store_views import (
+    NodeTaskStats,
+    RunCursor,
+    RunPage,
+    RunQuery,
+    RunViewStore,
+    TaskQuery,
+    TaskWait,
+)
 from dagwerk.store_waits import (
     WaitRecord,
     WaitRecordStore,
@@ -255,6 +264,13 @@ __all__ = [  # noqa: RUF022 (extension modules' names grouped at the end)
     "ScheduleFireResult",
     "ScheduleRecord",
     "ScheduleStore",
+    "NodeTaskStats",
+    "RunCursor",
+    "RunPage",
+    "RunQuery",
+    "RunViewStore",
+    "TaskQuery",
+    "TaskWait",
 ]
 __all__ += [  # dagwerk.store_retention
     "DEFAULT_RETENTION_BATCH",

@@ -189,6 +189,9 @@ def test_tasks_stored_before_attempt_times_show_none(url: str, tmp_path: Path) -
     run_id = _waiting_run(url, tmp_path)
     conn = sqlite3.connect(tmp_path / "show.db")
     with conn:  # back to version 8: the columns of version 9 dropped, and later tables
+        # (and the later versions' indexes that cover them)
+        conn.execute("DROP INDEX dagwerk_tasks_node_stats")
+        conn.execute("DROP INDEX dagwerk_runs_created_status")
         for table in ("dagwerk_tasks", "dagwerk_attempts"):
             for column in ("started_at", "finished_at"):
                 conn.execute(f"ALTER TABLE {table} DROP COLUMN {column}")

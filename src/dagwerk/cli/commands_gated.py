@@ -1,5 +1,5 @@
-"""Gated-dispatch commands: ``serve`` (metrics and health over HTTP), and the
-helpers behind ``runs --stalled`` and ``show --why``."""
+"""Gated-dispatch commands: ``serve`` (the dashboard, its API, metrics and
+health over HTTP), and the helpers behind ``runs --stalled`` and ``show --why``."""
 
 from __future__ import annotations
 
@@ -100,12 +100,24 @@ def start_health_server(
 
 @click.command()
 @db_option
-@click.option("--port", default=9464, show_default=True, type=click.IntRange(0, 65535))
 @click.option(
     "--host",
     default="127.0.0.1",
     show_default=True,
-    help="Address to bind; anything but 127.0.0.1 exposes the metrics to the network.",
+    help="Address to bind. Any other than a loopback address needs DAGWERK_UI_TOKEN.",
+)
+@click.option("--port", default=8080, show_default=True, type=click.IntRange(0, 65535))
+@click.option(
+    "--read-only",
+    is_flag=True,
+    help="Serve pages and the read API only: no action (cancel, retry, resume, ...) is accepted.",
+)
+@click.option(
+    "--pipeline",
+    "pipelines",
+    multiple=True,
+    type=click.Path(exists=True, dir_okay=False),
+    help="A pipeline file POST /api/runs may start (by its name or this path); repeatable.",
 )
 @click.option(
     "--backstop-interval",
@@ -114,20 +126,45 @@ def start_health_server(
     type=click.FloatRange(min=0),
     help="Seconds between backstop passes run by this server (0: none).",
 )
-def serve(db: str, port: int, host: str, backstop_interval: float) -> None:
-    """Serve /metrics (Prometheus) and /healthz for a database, and run the
-    backstop over its RUNNING runs.
+def serve(  # noqa: PLR0917 (click passes every option)
+    db: str,
+    host: str,
+    port: int,
+    read_only: bool,
+    pipelines: tuple[str, ...],
+    backstop_interval: float,
+) -> None:
+    """Serve the dashboard, its JSON API (/api/), /metrics and /healthz for a
+    database, and run the backstop over its RUNNING runs.
+
+    Listens on 127.0.0.1 unless --host says otherwise; off loopback every
+    caller must present DAGWERK_UI_TOKEN (bearer header or the login page).
 
     \b
     Examples:
-      dagwerk serve --port 9464
-      curl -s 127.0.0.1:9464/healthz
+      dagwerk serve                      # then open http://127.0.0.1:8080
+      DAGWERK_UI_TOKEN=... dagwerk serve --host 0.0.0.0 --read-only
+      curl -s 127.0.0.1:8080/healthz
     """
-    from dagwerk.cli.commands_common import open_engine
-    from dagwerk.runtime.backstop import Backstop
+    import os
 
+    from dagwerk.cli.commands_common import open_engine
+    from dagwerk.health import HealthState
+    from dagwerk.metrics import Metrics
+    from dagwerk.pipeline_file import load_pipeline
+    from dagwerk.runtime.backstop import Backstop
+    from dagwerk.web import TOKEN_ENV, PipelineRegistry, WebSettings, check_bind
+    from dagwerk.web.security import is_loopback
+    from dagwerk.web.server import WebServer
+
+    token = os.environ.get(TOKEN_ENV) or None
+    check_bind(host, token)
+    registry = PipelineRegistry()
+    for path in pipelines:
+        registry.add(load_pipeline(path))
     with open_engine(db) as engine:
-        server, (metrics, health) = start_health_server(engine, port=port, host=host, workers=[])
+        metrics = Metrics(store=engine.store)
+        health = HealthState(engine.store)
         backstop = None
         backstop_store = engine.capabilities.backstop
         if backstop_interval > 0 and backstop_store is not None:
@@ -141,6 +178,15 @@ def serve(db: str, port: int, host: str, backstop_interval: float) -> None:
         # dagwerk serve takes part in firing schedules, as every worker does.
         if engine.capabilities.schedules is not None:
             engine.start_scheduler()
+        settings = WebSettings(
+            token=token,
+            read_only=read_only,
+            loopback=is_loopback(host),
+            pipelines=registry,
+            metrics=metrics,
+            health=health,
+        )
+        server = WebServer(engine, settings, host=host, port=port).start()
         stop = threading.Event()
 
         def request_stop(signum: int, frame: FrameType | None) -> None:
@@ -158,7 +204,12 @@ def serve(db: str, port: int, host: str, backstop_interval: float) -> None:
                     backstop.maybe_run()
                 health.mark_step()
                 if not announced:
-                    click.echo(f"serving {server.url}/metrics and {server.url}/healthz", err=True)
+                    url = server.url
+                    mode = " (read-only)" if read_only else ""
+                    click.echo(
+                        f"serving the dashboard on {url}/{mode}, {url}/metrics and {url}/healthz",
+                        err=True,
+                    )
                     announced = True
                 if stop.wait(0.5):
                     break

@@ -46,5 +46,6 @@ from dagwerk.testing.contract_retry import *  # noqa: F403
 from dagwerk.testing.contract_schedules import *  # noqa: F403
 from dagwerk.testing.contract_snapshots import *  # noqa: F403
 from dagwerk.testing.contract_states import *  # noqa: F403
+from dagwerk.testing.contract_views import *  # noqa: F403
 from dagwerk.testing.contract_waiting import *  # noqa: F403
 from dagwerk.testing.contract_workers import *  # noqa: F403

@@ -105,7 +105,7 @@ class RunsMixin(MemoryStoreBase):
     def get_run(self, run_id: str) -> RunRecord | None:
         with self._lock:
             run = self._runs.get(run_id)
-            return None if run is None else _run_record(run)
+            return None if run is None else run_record(run)
 
     def list_runs(self, *, status: RunStatus | None = None, limit: int = 50) -> list[RunRecord]:
         check_limit(limit)
@@ -117,7 +117,7 @@ class RunsMixin(MemoryStoreBase):
                 reversed(self._runs.values()), key=lambda r: r.created_at, reverse=True
             ):
                 if wanted is None or run.status is wanted:
-                    found.append(_run_record(run))
+                    found.append(run_record(run))
                     if len(found) == limit:
                         break
             return found
@@ -346,7 +346,7 @@ class RunsMixin(MemoryStoreBase):
         self._bump(run, index)
 
 
-def _run_record(run: RunState) -> RunRecord:
+def run_record(run: RunState) -> RunRecord:
     return RunRecord(
         run_id=run.run_id,
         status=run.status,

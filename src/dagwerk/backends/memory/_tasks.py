@@ -31,7 +31,7 @@ from ._base import MemoryStoreBase
 from ._state import OutputState, RunState, TaskState, WaitEntry, WaitState
 
 
-def _record(task: TaskState) -> TaskRecord:
+def task_record(task: TaskState) -> TaskRecord:
     return TaskRecord(
         task_id=task.task_id,
         run_id=task.run_id,
@@ -76,7 +76,7 @@ class TasksMixin(MemoryStoreBase):
     def get_task(self, task_id: str) -> TaskRecord | None:
         with self._lock:
             task = self._tasks.get(task_id)
-            return None if task is None else _record(task)
+            return None if task is None else task_record(task)
 
     def list_tasks(self, run_id: str, *, include_invalidated: bool = False) -> list[TaskRecord]:
         with self._lock:
@@ -84,7 +84,7 @@ class TasksMixin(MemoryStoreBase):
             if run is None:
                 return []
             tasks = (self._tasks[task_id] for task_id in run.task_ids)
-            return [_record(t) for t in tasks if include_invalidated or not t.invalidated]
+            return [task_record(t) for t in tasks if include_invalidated or not t.invalidated]
 
     def list_attempts(self, task_id: str) -> list[AttemptRecord]:
         with self._lock:

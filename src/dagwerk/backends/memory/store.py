@@ -19,6 +19,7 @@ from ._retention import RetentionMixin
 from ._runs import RunsMixin
 from ._schedules import SchedulesMixin
 from ._tasks import TasksMixin
+from ._views import ViewsMixin
 from ._workers import WorkersMixin
 
 
@@ -36,6 +37,7 @@ class MemoryStore(
     WorkersMixin,
     FrontierMixin,
     LogsMixin,
+    ViewsMixin,
 ):
     """Implements ``DagStore``, ``DagWaitStore``, ``DagRetryStore``,
     ``OutputResolver`` (the seed's protocols), their extensions

@@ -380,7 +380,7 @@ class LaunchesMixin(ClaimAheadMixin):
             return {}
         with self._gw.read() as tx:
             found = {
-                row["output_id"]: _resolved(row["output_id"], row["fields"], row["data"])
+                row["output_id"]: resolved_output(row["output_id"], row["fields"], row["data"])
                 for row in tx.all(
                     "outputs_resolve", {"run_id": run_id, "ids": json.dumps(sorted(set(ids)))}
                 )
@@ -399,7 +399,7 @@ class LaunchesMixin(ClaimAheadMixin):
         texts = self._recent_outputs.get(run_id, ids) if ids else None
         if texts is None:
             return self.resolve_outputs(run_id, output_ids)
-        return {oid: _resolved(oid, *texts[oid]) for oid in output_ids if oid in texts}
+        return {oid: resolved_output(oid, *texts[oid]) for oid in output_ids if oid in texts}
 
     def get_output_ids(self, run_id: str, node_index: int) -> tuple[str, ...]:
         with self._gw.read() as tx:
@@ -407,7 +407,7 @@ class LaunchesMixin(ClaimAheadMixin):
             return tuple(row["output_id"] for row in rows)
 
 
-def _resolved(output_id: str, fields: str, data: str) -> ResolvedOutput:
+def resolved_output(output_id: str, fields: str, data: str) -> ResolvedOutput:
     """A stored output's resolved form (parsed afresh: plugins get their own copy)."""
     return trusted_model(
         ResolvedOutput,

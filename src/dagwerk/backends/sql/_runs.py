@@ -149,14 +149,14 @@ class RunsMixin(SqlStoreBase):
     def get_run(self, run_id: str) -> RunRecord | None:
         with self._gw.read() as tx:
             row = tx.one("run_record", {"run_id": run_id})
-            return None if row is None else _run_record(row)
+            return None if row is None else run_record(row)
 
     def list_runs(self, *, status: RunStatus | None = None, limit: int = 50) -> list[RunRecord]:
         check_limit(limit)
         wanted = None if status is None else RunStatus(status).value
         with self._gw.read() as tx:
             rows = tx.all("runs_list", {"status": wanted, "limit": limit})
-            return [_run_record(row) for row in rows]
+            return [run_record(row) for row in rows]
 
     def get_run_activity(self, run_id: str) -> RunActivity | None:
         with self._gw.read() as tx:
@@ -406,7 +406,7 @@ class RunsMixin(SqlStoreBase):
         tx.run("node_advance_generation", params)
 
 
-def _run_record(row: Row) -> RunRecord:
+def run_record(row: Row) -> RunRecord:
     return RunRecord(
         run_id=row["run_id"],
         status=RunStatus(row["status"]),

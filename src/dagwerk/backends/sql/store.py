@@ -14,6 +14,7 @@ from ._retention import RetentionMixin
 from ._runs import RunsMixin
 from ._schedules import SchedulesMixin
 from ._tasks import TasksMixin
+from ._views import ViewsMixin
 from ._waits import WaitsMixin
 from ._workers import WorkersMixin
 
@@ -35,6 +36,7 @@ class SqlStore(
     WorkersMixin,
     FrontierMixin,
     LogsMixin,
+    ViewsMixin,
 ):
     """Implements ``DagStore``, ``DagWaitStore``, ``DagRetryStore``,
     ``OutputResolver`` (the seed's protocols), their extensions

@@ -919,3 +919,77 @@ SELECT * FROM dagwerk_idempotency_keys WHERE key = :key;
 DELETE FROM dagwerk_idempotency_keys WHERE key IN (
     SELECT key FROM dagwerk_idempotency_keys WHERE expires_at <= :now LIMIT :limit
 );
+
+-- Dashboard views (store_views.RunViewStore): read-only.
+
+-- name: views_runs_page
+-- Newest first by (created_at, run_id); the created_at bound of the cursor
+-- is a range on dagwerk_runs_created, the run_id part breaks ties.
+SELECT r.run_id, r.status, r.failure_policy, r.retry_count, r.error, r.node_count,
+       r.created_at, r.finished_at, r.pipeline,
+       (SELECT count(*) FROM dagwerk_launches l
+         WHERE l.run_id = r.run_id AND l.active = 1
+           AND (l.disposition <> 'launched' OR l.completed = l.task_count)) AS settled_nodes
+FROM dagwerk_runs r
+WHERE (:status IS NULL OR r.status = :status)
+  AND (:pipeline IS NULL OR r.pipeline = :pipeline)
+  AND (:since IS NULL OR r.created_at >= :since)
+  AND (:until IS NULL OR r.created_at < :until)
+  AND (:cursor_at IS NULL
+       OR (r.created_at <= :cursor_at
+           AND (r.created_at < :cursor_at OR r.run_id < :cursor_id)))
+ORDER BY r.created_at DESC, r.run_id DESC LIMIT :limit;
+
+-- name: views_run_task_counts
+SELECT run_id, status, count(*) AS n FROM dagwerk_tasks
+WHERE run_id IN (SELECT value FROM json_each(:run_ids)) AND invalidated = 0
+GROUP BY run_id, status;
+
+-- name: views_node_task_stats
+-- Counted from dagwerk_tasks_node_stats alone (it covers every column).
+SELECT node_index, status, count(*) AS n, sum(attempt_number) AS attempts,
+       min(started_at) AS first_started_at, max(finished_at) AS last_finished_at
+FROM dagwerk_tasks WHERE run_id = :run_id AND invalidated = 0
+GROUP BY node_index, status ORDER BY node_index;
+
+-- name: views_run_exists
+SELECT run_input FROM dagwerk_runs WHERE run_id = :run_id;
+
+-- name: views_tasks_page
+SELECT * FROM dagwerk_tasks
+WHERE run_id = :run_id AND invalidated = 0
+  AND (:node_index IS NULL OR node_index = :node_index)
+  AND (:status IS NULL OR status = :status)
+  AND seq > :after_seq
+ORDER BY seq LIMIT :limit;
+
+-- name: views_node_tasks_page
+-- The tasks of one node's active launch, by the (launch_id, seq) index.
+SELECT * FROM dagwerk_tasks
+WHERE launch_id = (SELECT launch_id FROM dagwerk_launches
+                   WHERE run_id = :run_id AND node_index = :node_index AND active = 1)
+  AND invalidated = 0
+  AND (:status IS NULL OR status = :status)
+  AND seq > :after_seq
+ORDER BY seq LIMIT :limit;
+
+-- name: views_node_launches
+SELECT node_index, disposition, error, task_count, completed FROM dagwerk_launches
+WHERE run_id = :run_id AND active = 1;
+
+-- name: views_task_seq
+SELECT seq, run_id, node_index FROM dagwerk_tasks WHERE task_id = :task_id;
+
+-- name: views_task_waits
+SELECT * FROM dagwerk_waits WHERE task_id = :task_id;
+
+-- name: views_task_outputs
+-- The runtime names a task's outputs TASK_ID/N: a range of the unique
+-- (run_id, output_id) index ('0' follows '/').
+SELECT output_id, fields, data FROM dagwerk_outputs
+WHERE run_id = :run_id AND node_index = :node_index AND invalidated = 0
+  AND output_id >= :prefix || '/' AND output_id < :prefix || '0'
+ORDER BY seq;
+
+-- name: views_run_status_counts
+SELECT status, count(*) AS n FROM dagwerk_runs WHERE created_at >= :since GROUP BY status;

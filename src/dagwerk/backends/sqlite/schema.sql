@@ -284,6 +284,11 @@ CREATE TABLE dagwerk_idempotency_keys (
 ) WITHOUT ROWID;
 CREATE INDEX dagwerk_idempotency_keys_expiry ON dagwerk_idempotency_keys (expires_at);
 
+-- version 13: indexes of the dashboard's views.
+CREATE INDEX dagwerk_tasks_node_stats ON dagwerk_tasks
+    (run_id, invalidated, node_index, status, attempt_number, started_at, finished_at);
+CREATE INDEX dagwerk_runs_created_status ON dagwerk_runs (created_at, status);
+
 -- version 14: what retention looks up (finished runs by finish time, the
 -- launches of a run, the dead letters of a task).
 CREATE INDEX dagwerk_runs_finished ON dagwerk_runs (finished_at, run_id)

@@ -1,4 +1,0 @@
--- dagwerk SQLite schema, version 13: reserved (changes nothing).
---
--- The number is taken by a migration developed alongside this one; the
--- branch that brings it replaces this file.
