@@ -186,6 +186,104 @@ def test_secret_values_and_names_never_appear(engine: Engine, tmp_path: Path) ->
         assert "db-password-name" not in text
 
 
+# --- task logs ---------------------------------------------------------------------
+
+
+def logged_task(engine: Engine) -> str:
+    """A completed task that logged three lines (a <script> message and a traceback)."""
+
+    @engine.plugin("talks")
+    def talks(inputs: Any, ctx: Any) -> dict[str, object]:
+        ctx.logger.warning("first line")
+        ctx.logger.warning(HOSTILE_TEXT)
+        try:
+            raise ValueError("<b>bad</b>")
+        except ValueError:
+            ctx.logger.exception("caught it")
+        return {}
+
+    run_id = engine.submit([DagNode(slug="talk", plugin="talks")], run_id="run-logs")
+    engine.worker(concurrency=1, backstop_interval=None).run_until_idle()
+    (task,) = engine.list_tasks(run_id)
+    assert task.status is TaskStatus.COMPLETED
+    return task.task_id
+
+
+def test_task_logs_come_back_in_pages_after_a_line(engine: Engine) -> None:
+    task_id = logged_task(engine)
+    web = client(engine)
+    every = web.get(f"/api/tasks/{task_id}/logs").json()
+    assert [line["message"] for line in every["lines"]] == ["first line", HOSTILE_TEXT, "caught it"]
+    first, hostile, caught = every["lines"]
+    assert set(first) == {"line_id", "attempt", "at", "level", "logger", "message", "traceback"}
+    assert hostile["level"] == "WARNING" and hostile["attempt"] == 1 and hostile["at"] > 0
+    assert caught["level"] == "ERROR" and "ValueError: <b>bad</b>" in caught["traceback"]
+    assert every["next"] == caught["line_id"] and every["running"] is False
+    one = web.get(f"/api/tasks/{task_id}/logs", params={"limit": 1}).json()
+    assert [line["line_id"] for line in one["lines"]] == [first["line_id"]]
+    rest = web.get(f"/api/tasks/{task_id}/logs", params={"after": one["next"]}).json()
+    assert [line["message"] for line in rest["lines"]] == [HOSTILE_TEXT, "caught it"]
+    done = web.get(f"/api/tasks/{task_id}/logs", params={"after": rest["next"]}).json()
+    assert done == {"lines": [], "next": rest["next"], "running": False}
+    other = web.get(f"/api/tasks/{task_id}/logs", params={"attempt": 2}).json()
+    assert other["lines"] == []
+
+
+def test_a_queued_task_has_no_lines_yet_and_is_running(engine: Engine) -> None:
+    run_id = engine.submit([DagNode(slug="later", plugin="nobody")], run_id="run-queued")
+    (task,) = engine.list_tasks(run_id)
+    web = client(engine)
+    answer = web.get(f"/api/tasks/{task.task_id}/logs").json()
+    assert answer == {"lines": [], "next": 0, "running": True}
+    page = web.get(f"/tasks/{task.task_id}").text
+    assert 'data-logs-running="true"' in page and "The task logged nothing yet." in page
+
+
+def test_the_task_page_shows_its_log_lines_as_text(engine: Engine) -> None:
+    task_id = logged_task(engine)
+    page = client(engine).get(f"/tasks/{task_id}").text
+    logs = page.split('<section id="logs">', 1)[1]
+    assert HOSTILE_TEXT not in page
+    assert "&lt;script&gt;window.__pwned = true&lt;/script&gt;" in logs
+    assert "first line" in logs and "WARNING" in logs and "talk" in logs
+    assert '<pre class="traceback">' in logs and "ValueError: &lt;b&gt;bad&lt;/b&gt;" in logs
+    assert 'data-logs-running="false"' in logs
+    assert "This store records no task logs." not in page
+
+
+@pytest.mark.parametrize(
+    ("query", "field"),
+    [
+        ({"after": "x"}, "after"),
+        ({"after": "-1"}, "after"),
+        ({"attempt": "0"}, "attempt"),
+        ({"attempt": "one"}, "attempt"),
+        ({"limit": "0"}, "limit"),
+        ({"limit": "1000000"}, "limit"),
+    ],
+)
+def test_bad_log_parameters_are_typed_errors(
+    engine: Engine, query: dict[str, str], field: str
+) -> None:
+    task_id = logged_task(engine)
+    answer = client(engine).get(f"/api/tasks/{task_id}/logs", params=query)
+    assert answer.status_code == 400
+    assert answer.json()["error"]["field"] == field
+
+
+def test_the_logs_of_an_unknown_task_are_404_and_need_the_token(engine: Engine) -> None:
+    task_id = logged_task(engine)
+    web = client(engine)
+    missing = web.get("/api/tasks/no-such-task/logs")
+    assert missing.status_code == 404 and missing.json()["error"]["field"] == "task_id"
+    guarded = client(engine, token=TOKEN, loopback=False, base_url="http://10.0.0.5")
+    assert guarded.get(f"/api/tasks/{task_id}/logs").status_code == 401
+    allowed = guarded.get(
+        f"/api/tasks/{task_id}/logs", headers={"Authorization": f"Bearer {TOKEN}"}
+    )
+    assert allowed.status_code == 200 and len(allowed.json()["lines"]) == 3
+
+
 # --- actions -----------------------------------------------------------------------
 
 

@@ -153,14 +153,26 @@ def _parse_time(text: str | None, name: str) -> float | None:
     return moment.timestamp()
 
 
-def _int_param(request: Request, name: str, default: int) -> int:
+def _int_param(
+    request: Request,
+    name: str,
+    default: int,
+    *,
+    minimum: int | None = None,
+    maximum: int | None = None,
+) -> int:
     text = request.query_params.get(name)
     if text is None or text == "":
         return default
     try:
-        return int(text)
+        value = int(text)
     except ValueError:
         raise ActionInputError(f"{name} must be an integer", field=name) from None
+    if minimum is not None and value < minimum:
+        raise ActionInputError(f"{name} must be >= {minimum}", field=name, limit=minimum)
+    if maximum is not None and value > maximum:
+        raise ActionInputError(f"{name} must be <= {maximum}", field=name, limit=maximum)
+    return value
 
 
 def _run_filters(request: Request) -> dict[str, Any]:
@@ -398,7 +410,8 @@ def create_app(engine: Engine, settings: WebSettings | None = None) -> Starlette
         detail = await call(reads.task_detail, engine, task_id)
         if detail is None:
             raise NotFoundError(f"task {task_id!r} does not exist", field="task_id") from None
-        return page(request, "task.html", d=detail)
+        logs = await call(reads.task_page_logs, engine, task_id)
+        return page(request, "task.html", d=detail, logs=logs)
 
     async def letters_page(request: Request) -> Response:
         run_id = request.query_params.get("run") or None
@@ -542,6 +555,24 @@ def create_app(engine: Engine, settings: WebSettings | None = None) -> Starlette
 
         return endpoint
 
+    async def api_task_logs(request: Request) -> Response:
+        task_id = request.path_params["task_id"]
+        after = _int_param(request, "after", 0, minimum=0)
+        attempt = _int_param(request, "attempt", 0, minimum=1) or None
+        limit = _int_param(
+            request,
+            "limit",
+            reads.MAX_TASK_PAGE_LOG_LINES,
+            minimum=1,
+            maximum=reads.MAX_TASK_PAGE_LOG_LINES,
+        )
+        found = await call(
+            reads.task_logs, engine, task_id, after=after, attempt=attempt, limit=limit
+        )
+        if found is None:
+            raise NotFoundError(f"task {task_id!r} does not exist", field="task_id")
+        return JSONResponse(found)
+
     async def api_letters(request: Request) -> Response:
         run_id = request.query_params.get("run_id") or None
         return JSONResponse({"dead_letters": await call(reads.dead_letters, engine, run_id)})
@@ -656,8 +687,8 @@ def create_app(engine: Engine, settings: WebSettings | None = None) -> Starlette
             Route(f"/api/tasks/{{task_id:path}}/{part}", h(api_task_part(part)))
             for part in ("attempts", "waits", "outputs", "plan")
         ),
+        Route("/api/tasks/{task_id:path}/logs", h(api_task_logs)),
         Route("/api/tasks/{task_id:path}", h(api_task)),
-        # The logs of a task (Engine.logs) join here: /api/tasks/{id}/logs.
         Route("/api/dead-letters", h(api_letters)),
         Route("/api/dead-letters/{letter_id:path}/reinject", h(api_reinject), methods=["POST"]),
         Route("/metrics", metrics),

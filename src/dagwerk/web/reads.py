@@ -12,8 +12,14 @@ import time
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from dagwerk.constants import RUN_TERMINAL_STATUSES, NodeDisposition, RunStatus, TaskStatus
-from dagwerk.engine import Engine
+from dagwerk.constants import (
+    RUN_TERMINAL_STATUSES,
+    TASK_TERMINAL_STATUSES,
+    NodeDisposition,
+    RunStatus,
+    TaskStatus,
+)
+from dagwerk.engine import Engine, UnsupportedOperationError
 from dagwerk.json import thaw_json
 from dagwerk.models import DagNode
 from dagwerk.store import AttemptRecord, NodeTaskStats, RunRecord, TaskRecord
@@ -22,6 +28,7 @@ from dagwerk.web.layout import dag_svg, gantt_svg
 __all__ = [
     "MAX_LISTED_OUTPUTS",
     "MAX_LISTED_REFS",
+    "MAX_TASK_PAGE_LOG_LINES",
     "dead_letters",
     "node_sources",
     "overview",
@@ -29,6 +36,8 @@ __all__ = [
     "run_json",
     "runs_page",
     "task_detail",
+    "task_logs",
+    "task_page_logs",
     "tasks_json",
     "why",
 ]
@@ -38,6 +47,8 @@ MAX_LISTED_OUTPUTS = 20
 MAX_LISTED_REFS = 50
 """Output IDs shown per planned edge of a task."""
 MAX_LISTED_WAITS = 20
+MAX_TASK_PAGE_LOG_LINES = 1000
+"""Log lines one read of a task's logs returns unless asked for fewer."""
 MAX_OVERVIEW_RUNS = 20
 DAY_SECONDS = 86_400.0
 
@@ -375,6 +386,54 @@ def task_detail(engine: Engine, task_id: str) -> dict[str, Any] | None:
             for d in engine.list_dead_letters(task.run_id)
             if d.task_id == task_id
         ],
+    }
+
+
+def task_page_logs(engine: Engine, task_id: str) -> dict[str, Any] | None:
+    """The task page's first log lines (:func:`task_logs`); ``None`` for a
+    store that keeps no task logs."""
+    try:
+        found = task_logs(engine, task_id)
+    except UnsupportedOperationError:
+        return None  # the store keeps no task logs
+    if found is not None:
+        # The page follows on while the task runs or lines remain unread.
+        found["follow"] = found["running"] or len(found["lines"]) == MAX_TASK_PAGE_LOG_LINES
+    return found
+
+
+def task_logs(
+    engine: Engine,
+    task_id: str,
+    *,
+    after: int = 0,
+    attempt: int | None = None,
+    limit: int = MAX_TASK_PAGE_LOG_LINES,
+) -> dict[str, Any] | None:
+    """The task's log lines after line ``after`` (of one attempt number where
+    given, at most ``limit``), ``next`` (the last line's ID, to pass as
+    ``after``) and ``running`` (the task is not terminal: more may come);
+    ``None`` for an unknown task. Raises ``UnsupportedOperationError`` for a
+    store that keeps no task logs."""
+    task = engine.get_task(task_id)
+    if task is None:
+        return None
+    lines = engine.logs(task.run_id, task_id=task_id, attempt=attempt, after=after, limit=limit)
+    return {
+        "lines": [
+            {
+                "line_id": line.line_id,
+                "attempt": line.attempt,
+                "at": line.at,
+                "level": line.level,
+                "logger": line.logger,
+                "message": line.message,
+                "traceback": line.traceback,
+            }
+            for line in lines
+        ],
+        "next": lines[-1].line_id if lines else after,
+        "running": task.status not in TASK_TERMINAL_STATUSES,
     }
 
 

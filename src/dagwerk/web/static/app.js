@@ -1,5 +1,6 @@
-// dagwerk dashboard: refreshes the live part of a running run's page and
-// submits action forms without leaving the page. Everything works without
+// dagwerk dashboard: refreshes the live part of a running run's page,
+// appends a running task's new log lines to its page and submits action
+// forms without leaving the page. Everything works without
 // it too (forms post and redirect; pages show the state when loaded).
 (function () {
   "use strict";
@@ -43,6 +44,66 @@
       var mark = live.querySelector("[data-run-terminal]");
       var running = mark !== null && mark.getAttribute("data-run-terminal") === "false";
       (running ? refresh(false) : Promise.resolve()).then(schedule);
+    }, poll);
+  }
+
+  function cell(row, text) {
+    var td = document.createElement("td");
+    td.textContent = text;
+    row.appendChild(td);
+    return td;
+  }
+
+  function utc(seconds) {
+    // As the server's "time" filter writes it: 2026-01-31 12:00:00.
+    return new Date(seconds * 1000).toISOString().slice(0, 19).replace("T", " ");
+  }
+
+  function appendLogs(table, lines) {
+    var body = table.tBodies[0];
+    lines.forEach(function (line) {
+      var row = document.createElement("tr");
+      row.className = "log level-" + String(line.level).toLowerCase();
+      row.setAttribute("data-line", String(line.line_id));
+      cell(row, String(line.attempt));
+      cell(row, utc(line.at));
+      cell(row, line.level);
+      cell(row, line.logger);
+      var text = cell(row, "");
+      var message = document.createElement("span");
+      message.className = "message";
+      message.textContent = line.message;
+      text.appendChild(message);
+      if (line.traceback) {
+        var pre = document.createElement("pre");
+        pre.className = "traceback";
+        pre.textContent = line.traceback;
+        text.appendChild(pre);
+      }
+      body.appendChild(row);
+    });
+    var none = document.getElementById("no-log-lines");
+    if (none && body.rows.length) { none.hidden = true; }
+  }
+
+  function followLogs() {
+    // While the task runs, fetch the lines after the last one shown.
+    var table = document.getElementById("log-lines");
+    if (!table || table.getAttribute("data-logs-running") !== "true") { return; }
+    window.setTimeout(function () {
+      var url = table.getAttribute("data-logs-url") + "?after=" +
+        encodeURIComponent(table.getAttribute("data-logs-next") || "0");
+      fetch(url, { headers: { "Accept": "application/json" }, credentials: "same-origin" })
+        .then(function (r) { return r.ok ? r.json() : Promise.reject(new Error(r.status)); })
+        .then(function (page) {
+          appendLogs(table, page.lines || []);
+          table.setAttribute("data-logs-next", String(page.next));
+          // A terminal task may still have lines past one answer's limit.
+          var more = page.running || (page.lines || []).length > 0;
+          table.setAttribute("data-logs-running", more ? "true" : "false");
+        })
+        .catch(function () {})
+        .then(followLogs);
     }, poll);
   }
 
@@ -116,5 +177,6 @@
     bind(document);
     loadWhy();
     schedule();
+    followLogs();
   });
 })();
