@@ -29,9 +29,11 @@ def test_the_attempt_monitor_alone_aborts_a_cancelled_runs_attempts(
     entered = threading.Event()
     threads: list[str] = []
     exited: list[bool] = []
+    # Threads of other tests' workers may still run: only this worker's count.
+    earlier = set(threading.enumerate())
 
     def cooperative(inputs: TaskInputs, ctx: TaskContext) -> object:
-        threads.extend(t.name for t in threading.enumerate())
+        threads.extend(t.name for t in threading.enumerate() if t not in earlier)
         entered.set()
         exited.append(ctx.cancelled.wait(30))
         return {"should": "never publish"}
