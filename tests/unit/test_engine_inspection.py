@@ -243,3 +243,14 @@ def test_show_json_has_the_engines_lineage_and_budget_use(tmp_path: Path) -> Non
         }
     ]
     assert document["budgets"] == usage
+
+
+def test_monitoring_gives_the_metrics_and_health_of_the_engines_store() -> None:
+    from dagwerk.health import HealthState
+    from dagwerk.metrics import Metrics
+
+    engine = Engine("memory://")
+    metrics, health = engine.monitoring()
+    assert isinstance(metrics, Metrics) and isinstance(health, HealthState)
+    assert metrics.store is engine.store and health.store is engine.store
+    assert health.backstop is None

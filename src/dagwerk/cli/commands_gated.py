@@ -85,11 +85,9 @@ def start_health_server(
 ) -> tuple[HealthServer, Any]:
     """Start ``/metrics`` and ``/healthz`` for ``engine``; returns the server
     and the :class:`~dagwerk.metrics.Metrics` to give to workers."""
-    from dagwerk.health import HealthServer, HealthState
-    from dagwerk.metrics import Metrics
+    from dagwerk.health import HealthServer
 
-    metrics = Metrics(store=engine.store)
-    health = HealthState(engine.store, backstop=backstop)
+    metrics, health = engine.monitoring(backstop)
     for serving in workers:
         serving.observers.extend([metrics, health])
         if health.backstop is None:
@@ -149,8 +147,6 @@ def serve(  # noqa: PLR0917 (click passes every option)
     import os
 
     from dagwerk.cli.commands_common import open_engine
-    from dagwerk.health import HealthState
-    from dagwerk.metrics import Metrics
     from dagwerk.pipeline_file import load_pipeline
     from dagwerk.runtime.backstop import Backstop
     from dagwerk.web import TOKEN_ENV, PipelineRegistry, WebSettings, check_bind
@@ -163,8 +159,7 @@ def serve(  # noqa: PLR0917 (click passes every option)
     for path in pipelines:
         registry.add(load_pipeline(path))
     with open_engine(db) as engine:
-        metrics = Metrics(store=engine.store)
-        health = HealthState(engine.store)
+        metrics, health = engine.monitoring()
         backstop = None
         backstop_store = engine.capabilities.backstop
         if backstop_interval > 0 and backstop_store is not None:

@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from datetime import timedelta
 from pathlib import Path
 from types import TracebackType
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from dagwerk.budgets import AccountUsage, Budget
 from dagwerk.capabilities import StoreCapabilities
@@ -49,6 +49,7 @@ from dagwerk.plugins import PluginMeta
 from dagwerk.retry import RetryRejectedError, RunRetryResult, rerun_nodes, retry_run
 from dagwerk.runtime.backstop import (
     DEFAULT_BACKSTOP_INTERVAL,
+    Backstop,
     check_backstop_interval,
     diagnose_stored_run,
 )
@@ -109,6 +110,10 @@ from ._schedules import (
 )
 from ._urls import DEFAULT_URL, open_store
 from ._views import RunViews
+
+if TYPE_CHECKING:
+    from dagwerk.health import HealthState
+    from dagwerk.metrics import Metrics
 
 __all__ = [
     "DEFAULT_IDEMPOTENCY_RETENTION",
@@ -945,6 +950,16 @@ class Engine:
             after=after,
             limit=limit,
         )
+
+    def monitoring(self, backstop: Backstop | None = None) -> tuple[Metrics, HealthState]:
+        """The Prometheus metrics (``/metrics``) and the health state
+        (``/healthz``) of this engine's store, for a server to expose; give
+        both to the workers it runs as observers. ``backstop`` is the pass
+        whose age the health state checks."""
+        from dagwerk.health import HealthState
+        from dagwerk.metrics import Metrics
+
+        return Metrics(store=self._store), HealthState(self._store, backstop=backstop)
 
     def reinject(self, dead_letter_id: str) -> str | None:
         """Give a dead letter's task a fresh attempt; the new attempt ID or ``None``."""
