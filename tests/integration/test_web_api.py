@@ -209,6 +209,24 @@ def logged_task(engine: Engine) -> str:
     return task.task_id
 
 
+def test_the_task_page_lists_its_recorded_steps(engine: Engine) -> None:
+    @engine.plugin("charges")
+    def charges(inputs: Any, ctx: Any) -> dict[str, object]:
+        receipt = ctx.step("charge", lambda: {"receipt": HOSTILE_TEXT})
+        return {"paid": receipt["receipt"] == HOSTILE_TEXT}
+
+    run_id = engine.submit([DagNode(slug="pay", plugin="charges")], run_id="run-steps")
+    engine.worker(concurrency=1, backstop_interval=None).run_until_idle()
+    (task,) = engine.list_tasks(run_id)
+    web = client(engine)
+    (step,) = web.get(f"/api/tasks/{task.task_id}").json()["steps"]
+    assert (step["name"], step["result"]) == ("charge", {"receipt": HOSTILE_TEXT})
+    assert step["attempt_id"] == task.attempt_id
+    page = web.get(f"/tasks/{task.task_id}").text
+    steps = page.split("<h2>Recorded steps</h2>", 1)[1].split("<h2>Waits</h2>", 1)[0]
+    assert "<code>charge</code>" in steps and HOSTILE_TEXT not in page
+
+
 def test_task_logs_come_back_in_pages_after_a_line(engine: Engine) -> None:
     task_id = logged_task(engine)
     web = client(engine)

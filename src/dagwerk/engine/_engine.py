@@ -881,6 +881,13 @@ class Engine:
         durable = self._capabilities.durable
         return {} if durable is None else durable.list_run_journals(run_id)
 
+    def task_journal(self, task_id: str) -> TaskJournal | None:
+        """What one task recorded (``ctx.step`` results, waits with their
+        responses, child runs) in its current generation; ``None`` for an
+        unknown task or a store that keeps no such records."""
+        durable = self._capabilities.durable
+        return None if durable is None else durable.get_task_journal(task_id)
+
     def list_stalls(self) -> list[StallRecord]:
         """The stalls a backstop recorded, oldest detection first (none on a
         store that records no stalls)."""

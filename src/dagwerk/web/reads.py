@@ -341,11 +341,13 @@ def _attempt_json(attempt: AttemptRecord) -> dict[str, Any]:
 
 
 def task_detail(engine: Engine, task_id: str) -> dict[str, Any] | None:
-    """The task page: its plan, outputs, attempts, waits and dead letters."""
+    """The task page: its plan, outputs, attempts, recorded steps, waits and
+    dead letters."""
     task = engine.get_task(task_id)
     if task is None:
         return None
     nodes = engine.nodes(task.run_id)
+    journal = engine.task_journal(task_id)
     plan = task.plan
     return {
         "task": _task_json(task, nodes),
@@ -370,6 +372,15 @@ def task_detail(engine: Engine, task_id: str) -> dict[str, Any] | None:
             for o in engine.task_outputs(task_id)[:MAX_LISTED_OUTPUTS]
         ],
         "attempts": [_attempt_json(a) for a in engine.list_attempts(task_id)],
+        "steps": [
+            {
+                "name": step.name,
+                "attempt_id": step.attempt_id,
+                "recorded_at": step.recorded_at,
+                "result": thaw_json(step.result),
+            }
+            for step in (() if journal is None else journal.steps)
+        ],
         "waits": [
             {
                 "wait_id": w.wait_id,
