@@ -26,6 +26,7 @@ from click.testing import CliRunner, Result
 from dagwerk.cli.app import cli
 from dagwerk.constants import InputMode, RunStatus, TaskStatus
 from dagwerk.engine import Engine, RunNotFoundError
+from dagwerk.identifiers import InvalidIdentifierError
 from dagwerk.json import FrozenDict
 from dagwerk.models import DagNode, EdgeSource, EmittedOutput, InputEdge, TaskInputs
 from dagwerk.runtime.context import TaskContext
@@ -182,8 +183,14 @@ def test_hostile_ids_round_trip_through_the_engine_api(store_url: str, tmp_path:
         _work(engine)
         before = _snapshot(engine, control)
 
-        run_id = f"run {H}"
-        assert engine.get_run(run_id) is None
+        # A run ID outside the safe alphabet is refused before anything is
+        # stored; the hostile text still reaches SQL as input, slugs, wait IDs
+        # and reasons below.
+        hostile_run = f"run {H}"
+        with pytest.raises(InvalidIdentifierError):
+            engine.submit(_nodes(), {H: H}, run_id=hostile_run)
+        assert engine.get_run(hostile_run) is None
+        run_id = "run-hostile"
         assert engine.submit(_nodes(), {H: H}, run_id=run_id) == run_id
         _work(engine)
         _resume_all(engine, run_id)
@@ -202,7 +209,7 @@ def test_hostile_ids_round_trip_through_the_engine_api(store_url: str, tmp_path:
         _check_completed(engine, run_id)
 
         # Cancel with a hostile reason, then retry the cancelled run.
-        other = f"other {H}"
+        other = "other-hostile"
         engine.submit(_nodes(), {}, run_id=other)
         _work(engine)
         assert engine.cancel(other, reason=H)
@@ -240,7 +247,13 @@ def test_hostile_ids_round_trip_through_every_cli_command(store_url: str, tmp_pa
         _work(engine)
         before = _snapshot(engine, "control-run")
         pipeline = str(_pipeline_file(tmp_path))
-        run_id = f"cli {H}"
+        refused = _cli(
+            store_url, "submit", pipeline, "--no-plugin-check", "--run-id", f"cli {H}", "--json"
+        )
+        assert refused.exit_code == 2, refused.output
+        assert json.loads(refused.output)["error"]["code"] == "identifier_invalid"
+        assert engine.get_run(f"cli {H}") is None
+        run_id = "cli-hostile"
 
         submitted = _cli(
             store_url,
@@ -312,7 +325,7 @@ def test_hostile_ids_round_trip_through_every_cli_command(store_url: str, tmp_pa
             "    return [EmittedOutput(id=f'out {n} {H}', fields={'n': n, 'text': H})\n"
             "            for n in range(2)]\n"
         )
-        ran_id = f"ran {H}"
+        ran_id = "ran-hostile"
         env = {k: v for k, v in os.environ.items() if k != "DAGWERK_DB"}
         ran = subprocess.run(
             [
