@@ -15,14 +15,13 @@ import hashlib
 import threading
 import time
 import uuid
-from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from datetime import timedelta
 from pathlib import Path
 from types import TracebackType
 from typing import TYPE_CHECKING, Any
 
-from dagwerk.budgets import AccountUsage, Budget
+from dagwerk.budgets import Budget
 from dagwerk.capabilities import StoreCapabilities
 from dagwerk.constants import (
     RUN_TERMINAL_STATUSES,
@@ -31,12 +30,10 @@ from dagwerk.constants import (
     RunStatus,
     TaskStatus,
 )
-from dagwerk.errors import DagwerkError
 from dagwerk.graph import validate_graph
 from dagwerk.identifiers import check_identifier
 from dagwerk.json import canonical_json_bytes, thaw_json
-from dagwerk.lineage import RunLink
-from dagwerk.models import DagNode, NodeLaunch, ResolvedOutput
+from dagwerk.models import DagNode, NodeLaunch
 from dagwerk.orchestrator import (
     OrchestratorCallbacks,
     RunStartRejectedError,
@@ -44,76 +41,61 @@ from dagwerk.orchestrator import (
     reconcile_run,
     start_run,
 )
-from dagwerk.pipelines.loader import Pipeline, load_pipeline
+from dagwerk.pipelines.loader import Pipeline
 from dagwerk.plugins import PluginMeta
 from dagwerk.retry import RetryRejectedError, RunRetryResult, rerun_nodes, retry_run
 from dagwerk.runtime.backstop import (
     DEFAULT_BACKSTOP_INTERVAL,
-    Backstop,
     check_backstop_interval,
-    diagnose_stored_run,
 )
 from dagwerk.runtime.errors import UnknownPluginError
 from dagwerk.runtime.plugins import CostEstimateFn, PluginFn
-from dagwerk.runtime.retention import RetentionSummary, delete_runs
 from dagwerk.runtime.retry_policy import RetryPolicy
 from dagwerk.runtime.worker import Worker
-from dagwerk.scheduling.definitions import DEFAULT_CATCHUP_LIMIT, CatchupPolicy, OverlapPolicy
 from dagwerk.scheduling.scheduler import (
     DEFAULT_SCHEDULE_INTERVAL,
     SchedulerThread,
     check_schedule_interval,
-    start_scheduler,
 )
 from dagwerk.schema import get_pipeline_input_schema, merge_run_input
-from dagwerk.stall import RunDiagnosis
 from dagwerk.store import (
-    DeadLetter,
     InvalidStoreValueError,
-    NodeTaskStats,
-    RunCursor,
-    RunPage,
     RunRecord,
-    StallRecord,
-    TaskJournal,
     TaskRecord,
     TaskResumeResult,
-    TaskWait,
     WaitRecordStore,
-    WorkerRecord,
     validate_wait_id,
 )
-from dagwerk.store_logs import TaskLogLine
-from dagwerk.store_retention import DEFAULT_RETENTION_BATCH
-from dagwerk.store_schedules import NewRun, ScheduleFire, ScheduleRecord
+from dagwerk.store_schedules import NewRun
 from dagwerk.tracing import now_ns, record_submit
 from dagwerk.waiting import resume_task
 
-from ._logs import read_logs
+from ._errors import (
+    EngineError,
+    IdempotencyConflictError,
+    ResumeRejectedError,
+    RunExistsError,
+    RunWaitTimeoutError,
+    UnknownNodeError,
+    UnsupportedOperationError,
+)
 from ._plugins import EngineRegistry, import_plugin_modules, plugin_problems
 from ._results import (
-    MAX_TREE_RUNS,
-    RunLineage,
     RunNotFoundError,
     RunProgress,
     RunResult,
-    read_lineage,
-    read_progress,
-    read_result,
 )
+from ._schedule_methods import ScheduleMethods
 from ._schedules import (
-    BackfillProgress,
-    BackfillReport,
     EngineSchedules,
     PipelineRegistry,
-    SyncReport,
 )
 from ._urls import DEFAULT_URL, open_store
+from ._view_methods import ViewMethods
 from ._views import RunViews
 
 if TYPE_CHECKING:
-    from dagwerk.health import HealthState
-    from dagwerk.metrics import Metrics
+    pass
 
 __all__ = [
     "DEFAULT_IDEMPOTENCY_RETENTION",
@@ -135,52 +117,6 @@ def _no_plugin_metadata(name: str) -> PluginMeta | None:
     # Plugins registered with the engine declare no input metadata; required
     # inputs come from the pipeline's runtime bindings.
     return None
-
-
-class EngineError(DagwerkError):
-    """Root of the engine facade's own errors."""
-
-    code = "engine_error"
-
-
-class RunExistsError(EngineError, ValueError):
-    """``submit`` was given a run ID that already exists."""
-
-    code = "run_exists"
-
-
-class UnknownNodeError(EngineError, ValueError):
-    """A node slug does not name a node of the run."""
-
-    code = "node_unknown"
-
-
-class RunWaitTimeoutError(EngineError, TimeoutError):
-    """The run did not reach a terminal state in time; it is left as it is."""
-
-    code = "run_wait_timeout"
-
-
-class ResumeRejectedError(EngineError, RuntimeError):
-    """The task cannot be resumed under that wait ID (nothing changed)."""
-
-    code = "resume_rejected"
-
-
-class UnsupportedOperationError(EngineError, RuntimeError):
-    """The engine's store does not implement the operation."""
-
-    code = "store_operation_unsupported"
-
-
-class IdempotencyConflictError(EngineError, ValueError):
-    """An idempotency key already names a run of another pipeline or input."""
-
-    code = "idempotency_conflict"
-
-    def __init__(self, message: str, *, run_id: str) -> None:
-        super().__init__(message, field="idempotency_key")
-        self.run_id = run_id
 
 
 @dataclass(frozen=True, slots=True)
@@ -222,7 +158,7 @@ def new_run_id() -> str:
     return f"run-{uuid.uuid4().hex[:16]}"
 
 
-class Engine:
+class Engine(ScheduleMethods, ViewMethods):
     """A store opened from ``url``, a plugin registry, and workers bound to both.
 
     ``url`` is ``sqlite:///path.db`` (``None``: ``sqlite:///dagwerk.db`` in the
@@ -755,479 +691,3 @@ class Engine:
         )
         self._workers.append(worker)
         return worker
-
-    # --- inspection --------------------------------------------------------------
-
-    def get_run(self, run_id: str) -> RunRecord | None:
-        """The run's record, or ``None``."""
-        record: RunRecord | None = self._store.get_run(run_id)
-        return record
-
-    def result(self, run_id: str) -> RunResult:
-        """The run's status, error and published outputs, whatever its state."""
-        return read_result(self._store, run_id)
-
-    def progress(self, run_id: str) -> RunProgress:
-        """Node and task counts of the run's active generation."""
-        return read_progress(self._store, run_id)
-
-    def nodes(self, run_id: str) -> list[DagNode]:
-        """The node definitions stored with the run."""
-        nodes: list[DagNode] | None = self._store.get_run_nodes(run_id)
-        if nodes is None:
-            raise RunNotFoundError(f"run {run_id!r} does not exist", field="run_id")
-        return nodes
-
-    def node_launches(self, run_id: str) -> Mapping[int, NodeLaunch]:
-        """The launches of the run's active generation, keyed by node index
-        (a node that has not been planned yet has none)."""
-        self._require_run(run_id)
-        launches: Mapping[int, NodeLaunch] = self._store.list_node_launches(run_id)
-        return launches
-
-    def diagnose(self, run_id: str) -> RunDiagnosis:
-        """Why each node of the run has or has not run, and whether the run is
-        stalled, read from the store's durable state (``dagwerk show --why``).
-        Read-only."""
-        diagnosis = diagnose_stored_run(self._store, run_id)
-        if diagnosis is None:
-            raise RunNotFoundError(f"run {run_id!r} does not exist", field="run_id")
-        return diagnosis
-
-    def lineage(self, run_id: str, *, max_runs: int = MAX_TREE_RUNS) -> RunLineage:
-        """The run's link to the task that started it (``None``: a root run)
-        and the tree of child runs started under it, with at most
-        ``max_runs`` runs in all.
-
-        Raises :class:`UnsupportedOperationError` for a store that keeps no
-        child runs (it does not implement :class:`~dagwerk.store.DagChildStore`).
-        """
-        self._require_run(run_id)
-        children = self._capabilities.children
-        if children is None:
-            raise UnsupportedOperationError(
-                "this store keeps no child runs (it does not implement DagChildStore)"
-            )
-        return read_lineage(self._store, children, run_id, max_runs=max_runs)
-
-    def budget_usage(self, run_id: str) -> tuple[AccountUsage, ...]:
-        """What every budget account the run draws on has used: its own
-        account first, then its ancestors'. Empty for a run without budgets
-        and on a store without budgets."""
-        self._require_run(run_id)
-        budgets = self._capabilities.budgets
-        return () if budgets is None else tuple(budgets.get_run_budget(run_id))
-
-    def list_runs(
-        self,
-        status: RunStatus | str | None = None,
-        limit: int = 50,
-        *,
-        schedule: str | None = None,
-    ) -> list[RunRecord]:
-        """Runs, newest first, optionally only those with ``status``; with
-        ``schedule``, only that schedule's runs (scheduled and backfilled),
-        newest tick first."""
-        runs = self._capabilities.runs
-        if runs is None:
-            raise UnsupportedOperationError(
-                "this store cannot list runs (it does not implement DagRunStore)"
-            )
-        wanted = RunStatus(status) if status is not None else None
-        if schedule is not None:
-            return self._schedule_runs(schedule, wanted, limit)
-        return runs.list_runs(status=wanted, limit=limit)
-
-    def _schedule_runs(self, name: str, status: RunStatus | None, limit: int) -> list[RunRecord]:
-        schedules = self._require_schedules()
-        record = schedules.get(name)
-        found: list[RunRecord] = []
-        until: int | None = None
-        while len(found) < limit:
-            page = schedules.store.list_schedule_fires(record.schedule_id, limit=500, until=until)
-            for fire in page:
-                run = None if fire.run_id is None else self.get_run(fire.run_id)
-                if run is not None and (status is None or run.status is status):
-                    found.append(run)
-                    if len(found) == limit:
-                        break
-            if len(page) < 500:
-                break
-            until = page[-1].tick - 1
-        return found
-
-    def list_tasks(self, run_id: str, *, include_invalidated: bool = False) -> list[TaskRecord]:
-        """The run's tasks in creation order (active generation unless asked)."""
-        self._require_run(run_id)
-        tasks: list[TaskRecord] = self._store.list_tasks(
-            run_id, include_invalidated=include_invalidated
-        )
-        return tasks
-
-    def list_attempts(self, task_id: str) -> list[Any]:
-        """The task's attempts, oldest first (needs a ``DagRunStore``)."""
-        runs = self._capabilities.runs
-        if runs is None:
-            raise UnsupportedOperationError(
-                "this store cannot list attempts (it does not implement DagRunStore)"
-            )
-        return list(runs.list_attempts(task_id))
-
-    def task_journals(self, run_id: str) -> Mapping[str, TaskJournal]:
-        """What the run's tasks recorded (``ctx.step`` results, waits with
-        their responses, child runs), keyed by task ID, for the tasks that
-        recorded a step or a wait; empty on a store that keeps no such
-        records (no :class:`~dagwerk.store.DurableTaskStore`)."""
-        durable = self._capabilities.durable
-        return {} if durable is None else durable.list_run_journals(run_id)
-
-    def task_journal(self, task_id: str) -> TaskJournal | None:
-        """What one task recorded (``ctx.step`` results, waits with their
-        responses, child runs) in its current generation; ``None`` for an
-        unknown task or a store that keeps no such records."""
-        durable = self._capabilities.durable
-        return None if durable is None else durable.get_task_journal(task_id)
-
-    def list_stalls(self) -> list[StallRecord]:
-        """The stalls a backstop recorded, oldest detection first (none on a
-        store that records no stalls)."""
-        backstop = self._capabilities.backstop
-        return [] if backstop is None else backstop.list_stalls()
-
-    def list_dead_letters(self, run_id: str | None = None) -> list[DeadLetter]:
-        """Dead letters in the order they were parked (re-injected ones included)."""
-        letters: list[DeadLetter] = self._store.list_dead_letters(run_id)
-        return letters
-
-    # --- retention ---------------------------------------------------------------
-
-    def delete_runs(
-        self,
-        older_than: float | timedelta | str,
-        *,
-        statuses: Collection[RunStatus | str] | None = None,
-        dry_run: bool = False,
-        batch_size: int = DEFAULT_RETENTION_BATCH,
-    ) -> RetentionSummary:
-        """Delete every run that finished more than ``older_than`` ago (seconds,
-        a timedelta or an age such as ``"30d"``) with one of ``statuses``
-        (default: every terminal status), with everything stored for it.
-
-        A parent takes its child runs with it; a child is deleted only with
-        its parent, and a lineage only when all its runs are terminal. Deletes
-        ``batch_size`` runs per transaction, so workers keep running; safe to
-        call from several processes at once. ``dry_run`` deletes nothing and
-        counts the runs it would delete."""
-        retention = self._capabilities.retention
-        if retention is None:
-            raise UnsupportedOperationError("this store cannot delete runs")
-        return delete_runs(
-            retention,
-            older_than=older_than,
-            statuses=statuses,
-            dry_run=dry_run,
-            batch_size=batch_size,
-        )
-
-    def logs(
-        self,
-        run_id: str,
-        *,
-        task_id: str | None = None,
-        node: str | None = None,
-        attempt: int | None = None,
-        after: int = 0,
-        limit: int | None = None,
-    ) -> list[TaskLogLine]:
-        """The lines the run's plugins logged, in stored order: of one task,
-        one node (its slug) and one attempt number where given, after the line
-        whose ``line_id`` is ``after`` (to follow a running run), at most
-        ``limit`` of them. Needs a store that keeps task logs (every built-in one)."""
-        store = self._capabilities.task_logs
-        if store is None:
-            raise UnsupportedOperationError("this store keeps no task logs")
-        self._require_run(run_id)
-        node_index = None if node is None else self._indices(run_id, [node])[0]
-        return read_logs(
-            store,
-            run_id,
-            task_id=task_id,
-            node_index=node_index,
-            attempt=attempt,
-            after=after,
-            limit=limit,
-        )
-
-    def monitoring(self, backstop: Backstop | None = None) -> tuple[Metrics, HealthState]:
-        """The Prometheus metrics (``/metrics``) and the health state
-        (``/healthz``) of this engine's store, for a server to expose; give
-        both to the workers it runs as observers. ``backstop`` is the pass
-        whose age the health state checks."""
-        from dagwerk.health import HealthState
-        from dagwerk.metrics import Metrics
-
-        return Metrics(store=self._store), HealthState(self._store, backstop=backstop)
-
-    def reinject(self, dead_letter_id: str) -> str | None:
-        """Give a dead letter's task a fresh attempt; the new attempt ID or ``None``."""
-        attempt: str | None = self._store.reinject_dead_letter(dead_letter_id)
-        return attempt
-
-    # --- pipelines and schedules -------------------------------------------------
-
-    def register_pipeline(
-        self, pipeline: Pipeline | Sequence[DagNode], name: str | None = None
-    ) -> Pipeline:
-        """Register a pipeline under ``name`` (default: its own name), so
-        schedules (and other callers of :meth:`resolve_pipeline`) can name it."""
-        return self.pipelines.register(pipeline, name)
-
-    def resolve_pipeline(self, reference: str) -> Pipeline:
-        """The pipeline registered as ``reference``, else the pipeline file at
-        that path. Raises :class:`~dagwerk.engine.UnknownPipelineError`."""
-        return self.pipelines.resolve(reference)[1]
-
-    def schedule(
-        self,
-        name: str,
-        pipeline: str | Pipeline,
-        *,
-        cron: str | None = None,
-        every: str | int | float | None = None,
-        input: Mapping[str, object] | None = None,
-        timezone: str = "UTC",
-        start: object = None,
-        end: object = None,
-        catchup: CatchupPolicy | str = CatchupPolicy.SKIP,
-        catchup_limit: int = DEFAULT_CATCHUP_LIMIT,
-        overlap: OverlapPolicy | str = OverlapPolicy.ALLOW,
-        replace: bool = False,
-    ) -> ScheduleRecord:
-        """Store a schedule that starts a run of ``pipeline`` (a registered
-        name, a pipeline file path or a :class:`Pipeline`) at each tick of
-        ``cron`` (5 fields or ``@hourly``-style) or ``every`` (``30s``, ``2h``).
-
-        Each run's input is the pipeline's defaults under ``input``, with
-        ``scheduled_for`` set to the tick (ISO 8601 with the zone's offset).
-        ``timezone`` is an IANA zone for the cron expression; ``start`` and
-        ``end`` bound the ticks (dates or times, wall time in that zone).
-        ``catchup`` says which ticks missed while nothing was scheduling still
-        fire (``skip``, ``latest``, ``all`` up to ``catchup_limit``);
-        ``overlap`` what a tick does while an earlier run of the schedule is
-        unfinished (``allow``, ``skip``, ``cancel_previous``). The pipeline is
-        kept as it is now; add again with ``replace=True`` (or sync the file)
-        to change it. An existing name raises
-        :class:`~dagwerk.engine.ScheduleExistsError` unless ``replace``.
-        """
-        schedules = self._require_schedules()
-        definition = schedules.definition(
-            name,
-            pipeline,
-            cron=cron,
-            every=every,
-            input=input,
-            timezone=timezone,
-            start=start,
-            end=end,
-            catchup=catchup,
-            catchup_limit=catchup_limit,
-            overlap=overlap,
-        )
-        return schedules.put(definition, replace=replace)
-
-    def get_schedule(self, name: str) -> ScheduleRecord:
-        """The schedule ``name``; :class:`~dagwerk.engine.ScheduleNotFoundError` if none."""
-        return self._require_schedules().get(name)
-
-    def list_schedules(self) -> list[ScheduleRecord]:
-        """Every schedule, by name."""
-        return self._require_schedules().store.list_schedules()
-
-    def pause_schedule(self, name: str) -> ScheduleRecord:
-        """Stop the schedule's ticks (idempotent)."""
-        return self._require_schedules().set_paused(name, True)
-
-    def resume_schedule(self, name: str) -> ScheduleRecord:
-        """Start the schedule's ticks again from now; ticks of the pause do not fire."""
-        return self._require_schedules().set_paused(name, False)
-
-    def delete_schedule(self, name: str) -> None:
-        """Delete the schedule and its tick records; its runs stay."""
-        self._require_schedules().delete(name)
-
-    def next_ticks(self, name: str, count: int = 5, *, after: float | None = None) -> list[int]:
-        """The schedule's next ``count`` ticks after ``after`` (default: now),
-        as epoch seconds."""
-        return self._require_schedules().next_ticks(name, count, after)
-
-    def schedule_fires(self, name: str, limit: int = 20) -> list[ScheduleFire]:
-        """The schedule's newest tick records (with their run IDs), newest first."""
-        return self._require_schedules().fires(name, limit)
-
-    def run_schedule(self, run_id: str) -> ScheduleFire | None:
-        """The tick record of a scheduled or backfilled run, else ``None``."""
-        schedules = self._capabilities.schedules
-        return None if schedules is None else schedules.get_run_fire(run_id)
-
-    def sync_schedules(self, pipeline: str | Pipeline) -> SyncReport:
-        """Apply a pipeline file's ``schedules:``: add new ones, replace
-        changed ones (keeping their tick records); others are left alone."""
-        schedules = self._require_schedules()
-        found = pipeline if isinstance(pipeline, Pipeline) else load_pipeline(pipeline)
-        return schedules.sync(found)
-
-    def backfill(
-        self,
-        name: str,
-        start: object,
-        end: object,
-        *,
-        max_active: int = 4,
-        timeout: float | None = None,
-        on_progress: Callable[[BackfillProgress], None] | None = None,
-    ) -> BackfillReport:
-        """Create one run per tick of the schedule in ``[start, end]`` that
-        has none yet (a date alone as ``end`` covers that whole day), keeping
-        at most ``max_active`` of them unfinished, and return when all are
-        finished; workers elsewhere do the work. Running it again creates no
-        tick's run twice."""
-        return self._require_schedules().backfill(
-            name,
-            start,
-            end,
-            max_active=max_active,
-            poll_interval=max(self.poll_interval, 0.05),
-            timeout=timeout,
-            on_progress=on_progress,
-        )
-
-    def start_scheduler(self, *, interval: float | None = None, **options: Any) -> SchedulerThread:
-        """Take part in scheduling from this engine's process (``dagwerk
-        serve`` does); workers built by :meth:`worker` already do. ``close``
-        stops it. ``options`` go to :class:`~dagwerk.scheduling.Scheduler`."""
-        self._require_schedules()
-        thread = start_scheduler(
-            self._store,
-            interval=interval or self.schedule_interval or DEFAULT_SCHEDULE_INTERVAL,
-            **options,
-        )
-        self._schedulers.append(thread)
-        return thread
-
-    def _require_schedules(self) -> EngineSchedules:
-        if self._schedules is None:
-            raise UnsupportedOperationError(
-                "this store cannot keep schedules (it does not implement ScheduleStore)"
-            )
-        return self._schedules
-
-    # --- views (the dashboard's reads; RunViewStore) -------------------------------
-
-    def list_runs_page(
-        self,
-        *,
-        status: RunStatus | str | None = None,
-        pipeline: str | None = None,
-        created_after: float | None = None,
-        created_before: float | None = None,
-        after: RunCursor | str | None = None,
-        limit: int = 50,
-    ) -> RunPage:
-        """One page of runs, newest first, filtered by status, pipeline name
-        and creation time (``created_after`` inclusive, ``created_before``
-        exclusive, epoch seconds). ``after`` is an earlier page's ``next``
-        (or its :meth:`~dagwerk.store.RunCursor.encode` token); keyset
-        paging, so a page costs the same however deep it is. Bad filters raise
-        :class:`~dagwerk.store.InvalidStoreValueError` naming the field."""
-        return self._views.runs_page(
-            status=status,
-            pipeline=pipeline,
-            created_after=created_after,
-            created_before=created_before,
-            after=after,
-            limit=limit,
-        )
-
-    def run_status_counts_since(self, since: float) -> Mapping[RunStatus, int]:
-        """How many runs created at or after ``since`` are in each status."""
-        return self._views.run_status_counts_since(since)
-
-    def run_task_counts(self, run_ids: Sequence[str]) -> Mapping[str, Mapping[TaskStatus, int]]:
-        """Task counts by status of each run's active generation (unknown runs absent)."""
-        return self._views.run_task_counts(run_ids)
-
-    def node_stats(self, run_id: str) -> list[NodeTaskStats]:
-        """Per launched node: its launch's disposition, task counts by
-        status, attempts and time span."""
-        return self._views.node_stats(run_id)
-
-    def list_tasks_page(
-        self,
-        run_id: str,
-        *,
-        node: str | None = None,
-        status: TaskStatus | str | None = None,
-        after: str | None = None,
-        limit: int = 50,
-    ) -> list[TaskRecord]:
-        """Up to ``limit`` tasks of the run's active generation in creation
-        order, of node ``node`` (a slug) and ``status`` when given, after the
-        task ID ``after``."""
-        index = None if node is None else self._indices(run_id, [node])[0]
-        return self._views.tasks_page(
-            run_id, node_index=index, status=status, after=after, limit=limit
-        )
-
-    def get_task(self, task_id: str) -> TaskRecord | None:
-        """The task's record (invalidated tasks included), or ``None``."""
-        task: TaskRecord | None = self._store.get_task(task_id)
-        return task
-
-    def task_waits(self, task_id: str) -> list[TaskWait]:
-        """Every wait the task entered, oldest first, with its state and response."""
-        return self._views.task_waits(task_id)
-
-    def task_outputs(self, task_id: str) -> list[ResolvedOutput]:
-        """The outputs the task published under the runtime's IDs (``TASK_ID/N``)."""
-        return self._views.task_outputs(task_id)
-
-    def node_outputs(
-        self, run_id: str, node_index: int, *, limit: int = 20
-    ) -> list[ResolvedOutput]:
-        """The first ``limit`` outputs node ``node_index`` published (active generation)."""
-        return self._views.node_outputs(run_id, node_index, limit)
-
-    def run_input(self, run_id: str) -> object:
-        """The run's stored input (laid over the pipeline's defaults)."""
-        return self._views.run_input(run_id)
-
-    def list_workers(self) -> list[WorkerRecord]:
-        """Workers seen recently, newest heartbeat first (none on a store
-        that records no workers)."""
-        return self._views.workers()
-
-    def run_link(self, run_id: str) -> RunLink | None:
-        """The parent of a child run (``None`` for a top-level run)."""
-        return self._views.run_link(run_id)
-
-    def child_runs(self, run_id: str) -> list[str]:
-        """IDs of the run's child runs, in creation order."""
-        return self._views.child_runs(run_id)
-
-    # --- helpers -----------------------------------------------------------------
-
-    def _require_run(self, run_id: str) -> None:
-        if self._store.get_run_status(run_id) is None:
-            raise RunNotFoundError(f"run {run_id!r} does not exist", field="run_id")
-
-    def _indices(self, run_id: str, slugs: Sequence[str]) -> list[int]:
-        if isinstance(slugs, str):
-            slugs = [slugs]
-        by_slug = {node.slug: index for index, node in enumerate(self.nodes(run_id))}
-        unknown = [slug for slug in slugs if slug not in by_slug]
-        if unknown:
-            raise UnknownNodeError(
-                f"run {run_id!r} has no node {unknown[0]!r} (nodes: {', '.join(by_slug)})",
-                field="nodes",
-            )
-        return [by_slug[slug] for slug in slugs]
