@@ -14,7 +14,7 @@ import sqlite3
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from contextlib import closing
 from pathlib import Path
 
@@ -23,6 +23,7 @@ import pytest
 from dagwerk.constants import DEFAULT_CLAIM_AHEAD, InputMode, RunStatus, TaskStatus
 from dagwerk.engine import Engine
 from dagwerk.models import DagNode, EdgeSource, InputEdge
+from dagwerk.testing.waits import wait_until
 
 pytestmark = pytest.mark.skipif(sys.platform == "win32", reason="uses SIGTERM")
 
@@ -60,14 +61,6 @@ class _Worker:
         if self.proc.poll() is None:
             self.proc.kill()
         self.proc.wait(30)
-
-
-def _until(condition: Callable[[], bool], timeout: float, what: str) -> None:
-    deadline = time.monotonic() + timeout
-    while not condition():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        time.sleep(0.02)  # polling with a deadline, not synchronisation by sleeping
 
 
 def _fan(plugin: str, field: str) -> list[DagNode]:
@@ -138,7 +131,7 @@ def test_two_default_workers_share_ten_one_second_tasks(
     engine, url, events = setting
     workers = [_Worker(url, events, f"w{n}") for n in range(2)]
     try:
-        _until(lambda: all(w.worker_id for w in workers), 60, "both workers to serve")
+        wait_until(lambda: all(w.worker_id for w in workers), "both workers to serve", timeout=60)
         run_id = engine.submit(_fan("ca_nap", "seconds"), {"count": 10, "seconds": 1.0})
         assert engine.wait(run_id, timeout=120).status is RunStatus.COMPLETED
         ran = {
@@ -164,13 +157,14 @@ def test_work_claimed_ahead_goes_back_on_sigterm_and_another_worker_runs_it(
     first = _Worker(url, events, "first")
     second: _Worker | None = None
     try:
-        _until(lambda: first.worker_id is not None, 60, "the first worker to serve")
+        wait_until(lambda: first.worker_id is not None, "the first worker to serve", timeout=60)
         run_id = engine.submit(_fan("ca_step", "fast"), {"count": count, "fast": fast})
         pid = first.proc.pid
-        _until(
+        wait_until(
             lambda: len(_started(events, pid)) == fast + DEFAULT_CONCURRENCY,
-            60,
             "the first worker's runners to block",
+            timeout=60,
+            interval=0.02,
         )
 
         def held() -> list[str]:
