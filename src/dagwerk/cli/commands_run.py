@@ -31,7 +31,13 @@ from dagwerk.cli.commands_common import (
     read_run_input,
     task_logging,
 )
-from dagwerk.constants import DEFAULT_BURST_HORIZON, RUN_TERMINAL_STATUSES, TaskStatus
+from dagwerk.constants import (
+    DEFAULT_BURST_HORIZON,
+    DEFAULT_CLAIM_AHEAD,
+    MAX_CLAIM_AHEAD,
+    RUN_TERMINAL_STATUSES,
+    TaskStatus,
+)
 from dagwerk.errors import DagwerkError
 from dagwerk.store_logs import DEFAULT_TASK_LOG_MAX_BYTES, DEFAULT_TASK_LOG_MAX_LINES
 
@@ -365,6 +371,15 @@ def submit(
 @click.command()
 @db_option
 @click.option("--concurrency", default=4, show_default=True, type=click.IntRange(1, 1024))
+@click.option(
+    "--claim-ahead",
+    type=click.IntRange(0, MAX_CLAIM_AHEAD),
+    default=DEFAULT_CLAIM_AHEAD,
+    show_default=True,
+    metavar="N",
+    help="Claim up to N tasks beyond --concurrency per batch, of plugins whose "
+    "attempts this worker timed short enough to start them within 50 ms (0: none).",
+)
 @click.option("--executor", type=_EXECUTORS, default="thread", show_default=True)
 @plugins_option
 @click.option(
@@ -437,6 +452,7 @@ def worker(
     concurrency: int,
     executor: str,
     plugin_modules: tuple[str, ...],
+    claim_ahead: int = DEFAULT_CLAIM_AHEAD,
     pipelines: tuple[str, ...],
     burst: bool,
     queues: tuple[str, ...] = (),
@@ -489,6 +505,7 @@ def worker(
                 raise InvalidInputError(f"{pipeline.source}: {exc}") from exc
         serving = engine.worker(
             concurrency=concurrency,
+            claim_ahead=claim_ahead,
             executor=executor,
             backstop_interval=backstop_interval or None,
             schedule_interval=schedule_interval or None,

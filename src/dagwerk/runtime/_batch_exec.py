@@ -6,8 +6,9 @@ attempts of a batch wait in a queue; runner threads (pooled daemon threads)
 take them one after the other. The batch starts with one runner; whenever
 every runner has been inside the same attempt for ``RAMP_SECONDS`` (real
 time) while attempts still wait, one more runner starts, up to one per
-attempt. Trivial plugins therefore run back to back on one thread, while
-slow ones fan out to full parallelism within milliseconds.
+attempt or the batch's parallelism, whichever is fewer. Trivial plugins
+therefore run back to back on one thread, while slow ones fan out to full
+parallelism within milliseconds.
 
 Semantics are those of one thread per attempt:
 - an attempt's deadline runs from the moment its plugin starts; when it
@@ -83,8 +84,14 @@ def run_batch(
     clock: Clock,
     call: Callable[[Job], ExecutionOutcome],
     timeout_outcome: Callable[[float | None], ExecutionOutcome],
+    parallelism: int | None = None,
+    observe: Callable[[int, float], object] | None = None,
 ) -> None:
-    """Run every job not yet settled; return once each one is settled."""
+    """Run every job not yet settled; return once each one is settled.
+
+    At most ``parallelism`` runners are inside plugins at once (``None``:
+    one per job). ``observe(index, seconds)`` is told, on the runner's
+    thread, how long (real time) each job's call took once it returned."""
     lock = threading.Lock()
     waiting = deque(i for i, s in enumerate(settlements) if s.outcome is None)
     started: dict[int, float] = {}  # job index -> clock time its plugin started
@@ -102,7 +109,10 @@ def run_batch(
                 runner.current = index
                 runner.since = time.monotonic()
                 started[index] = clock.monotonic()
-            settlements[index].claim(call(jobs[index]))
+            outcome = call(jobs[index])
+            if observe is not None:
+                observe(index, time.monotonic() - runner.since)
+            settlements[index].claim(outcome)
             with lock:
                 runner.current = None
 
@@ -115,7 +125,7 @@ def run_batch(
             wait_started=False,
         )
 
-    limit = len(waiting)
+    limit = len(waiting) if parallelism is None else min(len(waiting), parallelism)
     with lock:
         if waiting:
             add_runner()

@@ -2,15 +2,20 @@
 
 Per batch, instead of about ten transactions per delivery:
 
-1. one ``claim_deliveries``: the leases and the claims (on SQLite one
-   commit); rows whose claim was refused take the one-by-one path;
+1. one ``claim_deliveries`` of up to ``concurrency`` rows: the leases and
+   the claims (on SQLite one commit); when it came back full, a second one
+   claims ahead the rows of plugins the worker can start within the claim
+   ahead's horizon (:mod:`dagwerk.runtime.claim_ahead`; thread executor
+   only). Rows whose claim was refused take the one-by-one path;
 2. the reads every attempt would repeat, once per run (:class:`BatchReads`):
    lineage link, budget, and the outputs of all its attempts' plans;
 3. every attempt's abort signal is registered, then each run's status is
    read once: a cancellation that committed after the claim still stops the
    attempt before its plugin starts (WK-15);
-4. the plugins run in parallel (up to ``concurrency``);
-5. one ``complete_and_ack`` for every attempt that returned outputs, then one
+4. the plugins run in parallel (up to ``concurrency`` at once), each
+   plugin call timed for the claim ahead;
+5. one ``complete_and_ack`` for every attempt that returned outputs, from
+   whichever runner thread it returned on (a group commit), then one
    reconcile per run whose launch completed (:func:`complete_attempts`);
    failures, timeouts, waits and cancellations settle one by one.
    Where that is one unit of work (SQLite), the unit also claims the next
@@ -30,6 +35,7 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 from collections import defaultdict
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
@@ -44,6 +50,7 @@ from dagwerk.orchestrator import OrchestratorCallbacks
 from dagwerk.runtime._inline import InlineRunner
 from dagwerk.runtime.actor import AdvancementActor, LoopHandedOver
 from dagwerk.runtime.attempts import Attempt, BatchReads
+from dagwerk.runtime.claim_ahead import ClaimAheadPolicy
 from dagwerk.runtime.clock import Clock
 from dagwerk.runtime.executors import (
     AttemptJob,
@@ -137,6 +144,13 @@ class BatchPath:
         self._step_finished = step_finished
         # Deliveries the last batch's completions claimed for the next batch.
         self.claimed_ahead: list[ClaimedDelivery] = []
+        # Claims beyond the concurrency: only where the batch's runners are
+        # bounded by it (the built-in thread executor) and attempts are timed.
+        self.ahead = ClaimAheadPolicy(
+            concurrency=settings.concurrency,
+            limit=settings.claim_ahead if type(executor) is ThreadExecutor else 0,
+            horizon=settings.claim_ahead_horizon,
+        )
 
     def process(self, wait_seconds: float) -> int | None:
         """Claim and run one batch; the number of rows leased, or ``None`` when
@@ -172,15 +186,31 @@ class BatchPath:
 
     def _claim(self, wait_seconds: float) -> list[ClaimedDelivery]:
         settings = self._settings
-        return self._batch_store.claim_deliveries(
+        served = self._served()
+        claims = self._batch_store.claim_deliveries(
             self._worker_id,
             limit=settings.concurrency,
             lease_seconds=settings.lease_bound(None),
             queues=settings.queues,
             wait_seconds=wait_seconds,
-            plugins=self._served(),
+            plugins=served,
             prefer_run=settings.prefer_run,
         )
+        if len(claims) < settings.concurrency or self._stopping.is_set():
+            return claims  # the queue is drained (or the worker stops): nothing ahead
+        count, plugins = self.ahead.plan(served)
+        if count:
+            claims.extend(
+                self._batch_store.claim_deliveries(
+                    self._worker_id,
+                    limit=count,
+                    lease_seconds=settings.lease_bound(None),
+                    queues=settings.queues,
+                    plugins=plugins,
+                    prefer_run=settings.prefer_run,
+                )
+            )
+        return claims
 
     def _run_claimed(self, claimed: list[ClaimedDelivery]) -> None:
         plans: dict[str, list[TaskRecord]] = defaultdict(list)
@@ -270,10 +300,13 @@ class BatchPath:
 
             self._actor.hand_over(rest)
 
+        started = time.monotonic()
         try:
-            return self._inline.run(job, finish_elsewhere)
+            outcome = self._inline.run(job, finish_elsewhere)
         finally:
             entry.finish()
+        self.ahead.observe(attempt.node.plugin, time.monotonic() - started)
+        return outcome
 
     def _failed_in_worker(self, claim: ClaimedDelivery, exc: Exception) -> None:
         delivery = claim.delivery
@@ -325,6 +358,7 @@ class BatchPath:
         per attempt, supervised by the loop thread (no thread per attempt waits)."""
         results: list[ExecutionOutcome | Exception | None] = []
         jobs: list[AttemptJob] = []
+        started: list[Attempt] = []
         for attempt in attempts:
             try:
                 ctx = self._preparer.start(attempt)
@@ -332,16 +366,32 @@ class BatchPath:
                 results.append(exc)
                 continue
             results.append(None)
+            started.append(attempt)
             jobs.append(
                 AttemptJob(
                     attempt.spec.fn, attempt.inputs, ctx, attempt.timeout, attempt.entry.signal
                 )
             )
+        durations: list[float | None] = [None] * len(jobs)
+
+        def observe(index: int, seconds: float) -> None:
+            durations[index] = seconds
+
         try:
-            outcomes = iter(executor.execute_many(jobs, clock=self._clock))
+            outcomes = iter(
+                executor.execute_many(
+                    jobs,
+                    clock=self._clock,
+                    parallelism=self._settings.concurrency,
+                    observe=observe,
+                )
+            )
         finally:
             for attempt in attempts:
                 attempt.entry.finish()
+        for attempt, seconds in zip(started, durations, strict=True):
+            if seconds is not None:
+                self.ahead.observe(attempt.node.plugin, seconds)
         return [next(outcomes) if result is None else result for result in results]
 
     def _settle_all(
