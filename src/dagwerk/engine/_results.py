@@ -81,6 +81,10 @@ class RunProgress:
     nodes_settled: int
     tasks: Mapping[TaskStatus, int]
     error: str | None = None
+    fault: str | None = None
+    """The store fault the run's worker waits out (its one line), if any."""
+    fault_seconds: float = 0.0
+    """How long that fault has lasted."""
 
     def count(self, status: TaskStatus) -> int:
         return self.tasks.get(status, 0)
@@ -99,10 +103,13 @@ class RunProgress:
         for status in (TaskStatus.WAITING, TaskStatus.FAILED, TaskStatus.CRASHED):
             if self.count(status):
                 parts.append(f"{self.count(status)} {status.value}")
-        return (
+        line = (
             f"{self.status.value}: nodes {self.nodes_settled}/{self.nodes_total}, "
             f"tasks {', '.join(parts)}"
         )
+        if self.fault is not None:
+            line += f"; store fault for {self.fault_seconds:.0f}s: {self.fault}"
+        return line
 
 
 def read_progress(store: Any, run_id: str) -> RunProgress:

@@ -96,10 +96,15 @@ class Checkpointer:
                 if conn is None:
                     conn = sqlite3.connect(self.path, timeout=0, isolation_level=None)
                 self._pass(conn)
-        except sqlite3.Error:
-            # The database went away or cannot be opened: the writers'
-            # automatic checkpoint still bounds the log.
-            _LOG.warning("background checkpoints of %s stopped", self.path, exc_info=True)
+        except sqlite3.Error as exc:
+            # The database went away, cannot be opened or its disk is full:
+            # the writers' automatic checkpoint still bounds the log.
+            _LOG.warning(
+                "background checkpoints of %s stopped (%s); the writers checkpoint instead",
+                self.path,
+                exc,
+            )
+            _LOG.debug("background checkpoints stopped", exc_info=True)
         finally:
             if conn is not None:
                 conn.close()
