@@ -108,7 +108,9 @@ class RunProgress:
             f"tasks {', '.join(parts)}"
         )
         if self.fault is not None:
-            line += f"; store fault for {self.fault_seconds:.0f}s: {self.fault}"
+            # Without the fault's age: a plain display prints a changed line,
+            # and the fault's own log lines say how long it lasts.
+            line += f"; waiting out a store fault: {self.fault}"
         return line
 
 

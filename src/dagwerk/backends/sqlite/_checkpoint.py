@@ -67,7 +67,9 @@ class Checkpointer:
             if self._closed:
                 return
             self._commits += 1
-            if self._thread is None or self._pid != os.getpid():
+            # A thread that stopped on an error (a full disk) starts again
+            # with the next commit: the disk has room again.
+            if self._thread is None or self._pid != os.getpid() or not self._thread.is_alive():
                 self._start()
             if self._commits >= COMMITS_PER_PASS:
                 self._wake.set()
