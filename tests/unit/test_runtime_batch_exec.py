@@ -12,7 +12,13 @@ from dagwerk.models import TaskInputs
 from dagwerk.runtime import _batch_exec
 from dagwerk.runtime.clock import FakeClock, SystemClock
 from dagwerk.runtime.context import TaskContext
-from dagwerk.runtime.executors import AttemptJob, AttemptSignal, OutcomeKind, ThreadExecutor
+from dagwerk.runtime.executors import (
+    AttemptJob,
+    AttemptSignal,
+    ExecutionOutcome,
+    OutcomeKind,
+    ThreadExecutor,
+)
 from dagwerk.runtime.plugins import PluginFn
 
 WAIT = 10.0
@@ -148,7 +154,7 @@ def test_results_returned_while_one_attempt_blocks_are_flushed_before_it_ends() 
     def quick(inputs: TaskInputs, ctx: TaskContext) -> object:
         return {"n": inputs.parameters["n"]}
 
-    def flush(returned: list[tuple[int, object]]) -> None:
+    def flush(returned: list[tuple[int, ExecutionOutcome]]) -> None:
         flushed.append([index for index, _ in returned])
         if sorted(i for group in flushed for i in group) == [1, 2, 3, 4]:
             flushed_before_release.set()

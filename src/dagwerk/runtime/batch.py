@@ -17,7 +17,10 @@ Per batch, instead of about ten transactions per delivery:
 5. one ``complete_and_ack`` for every attempt that returned outputs, from
    whichever runner thread it returned on (a group commit), then one
    reconcile per run whose launch completed (:func:`complete_attempts`);
-   failures, timeouts, waits and cancellations settle one by one.
+   failures, timeouts, waits and cancellations settle one by one. Results
+   that returned while others still run settle as such a group once they
+   waited ``FLUSH_SECONDS`` (thread executor; ``runtime/_batch_exec.py``),
+   the rest when the batch ends.
    Where that is one unit of work (SQLite), the unit also claims the next
    batch (step 1 of the next round), so it sees the launches just made
    without a transaction of its own; a stopping worker gives such claims
