@@ -17,7 +17,10 @@ Per batch, instead of about ten transactions per delivery:
 5. one ``complete_and_ack`` for every attempt that returned outputs, from
    whichever runner thread it returned on (a group commit), then one
    reconcile per run whose launch completed (:func:`complete_attempts`);
-   failures, timeouts, waits and cancellations settle one by one.
+   failures, timeouts, waits and cancellations settle one by one. Results
+   that returned while others still run settle as such a group once they
+   waited ``FLUSH_SECONDS`` (thread executor; ``runtime/_batch_exec.py``),
+   the rest when the batch ends.
    Where that is one unit of work (SQLite), the unit also claims the next
    batch (step 1 of the next round), so it sees the launches just made
    without a transaction of its own; a stopping worker gives such claims
@@ -239,17 +242,22 @@ class BatchPath:
                 attempts.append(attempt)
         for attempt in attempts:
             self._monitor.add(attempt)
+        flushed: set[int] = set()  # id() of the attempts settled early
         try:
             runnable = self._still_running(attempts)
             if self._inlinable(runnable):
                 outcomes = [self._execute_inline(runnable[0], attempts)]
             else:
-                outcomes = self._execute_all(runnable)
+                outcomes = self._execute_all(runnable, flushed)
         except LoopHandedOver:
             raise  # the rest of this batch was finished by the thread it went to
         except BaseException:
             self._forget(attempts)
             raise
+        if flushed:
+            rest = [(a, o) for a, o in zip(runnable, outcomes, strict=True) if id(a) not in flushed]
+            runnable, outcomes = [a for a, _ in rest], [o for _, o in rest]
+            attempts = [a for a in attempts if id(a) not in flushed]
         self._finish(runnable, outcomes, attempts)
 
     def _finish(
@@ -257,11 +265,13 @@ class BatchPath:
         runnable: list[Attempt],
         outcomes: list[ExecutionOutcome | Exception],
         attempts: list[Attempt],
+        *,
+        claim_next: bool = True,
     ) -> None:
         self._task_logs.flush()  # the attempts' lines are stored before they settle
         attempts_settling(self._tracing, runnable, outcomes)
         try:
-            self._settle_all(runnable, outcomes)
+            self._settle_all(runnable, outcomes, claim_next=claim_next)
         finally:
             attempts_settled(self._tracing, runnable)
             self._forget(attempts)
@@ -332,10 +342,14 @@ class BatchPath:
                 runnable.append(attempt)
         return runnable
 
-    def _execute_all(self, attempts: list[Attempt]) -> list[ExecutionOutcome | Exception]:
+    def _execute_all(
+        self, attempts: list[Attempt], flushed: set[int]
+    ) -> list[ExecutionOutcome | Exception]:
+        """Every attempt's outcome; the thread executor's settle early (their
+        ``id()`` in ``flushed``) when they return while others still run."""
         executor = self._executor
         if type(executor) is ThreadExecutor and attempts:
-            return self._execute_threaded(executor, attempts)
+            return self._execute_threaded(executor, attempts, flushed)
 
         def run(attempt: Attempt) -> ExecutionOutcome | Exception:
             try:
@@ -351,10 +365,13 @@ class BatchPath:
         return [first, *(future.result() for future in futures)]
 
     def _execute_threaded(
-        self, executor: ThreadExecutor, attempts: list[Attempt]
+        self, executor: ThreadExecutor, attempts: list[Attempt], flushed: set[int]
     ) -> list[ExecutionOutcome | Exception]:
         """The built-in thread executor runs the whole batch: one plugin thread
-        per attempt, supervised by the loop thread (no thread per attempt waits)."""
+        per attempt, supervised by the loop thread (no thread per attempt waits).
+        Results that returned while others still run are settled from the
+        supervisor in a group commit of their own (:meth:`_flush_returned`),
+        without claiming the next batch."""
         results: list[ExecutionOutcome | Exception | None] = []
         jobs: list[AttemptJob] = []
         started: list[Attempt] = []
@@ -376,6 +393,9 @@ class BatchPath:
         def observe(index: int, seconds: float) -> None:
             durations[index] = seconds
 
+        def flush(returned: list[tuple[int, ExecutionOutcome]]) -> None:
+            self._flush_returned([(started[i], outcome) for i, outcome in returned], flushed)
+
         try:
             outcomes = iter(
                 executor.execute_many(
@@ -383,6 +403,7 @@ class BatchPath:
                     clock=self._clock,
                     parallelism=self._settings.concurrency,
                     observe=observe,
+                    flush=flush,
                 )
             )
         finally:
@@ -393,8 +414,30 @@ class BatchPath:
                 self.ahead.observe(attempt.node.plugin, seconds)
         return [next(outcomes) if result is None else result for result in results]
 
+    def _flush_returned(
+        self, returned: list[tuple[Attempt, ExecutionOutcome]], flushed: set[int]
+    ) -> None:
+        """Settle the attempts whose plugins returned while others of their
+        batch still run, without waiting for those (the next batch is claimed
+        with the batch's last completions only)."""
+        attempts: list[Attempt] = []
+        outcomes: list[ExecutionOutcome | Exception] = []
+        for attempt, outcome in returned:
+            attempt.entry.finish()
+            attempts.append(attempt)
+            outcomes.append(outcome)
+            flushed.add(id(attempt))
+        try:
+            self._finish(attempts, outcomes, attempts, claim_next=False)
+        except Exception:  # the batch's other attempts are still supervised
+            _LOG.exception("settling %d early results of a batch failed", len(attempts))
+
     def _settle_all(
-        self, attempts: list[Attempt], outcomes: list[ExecutionOutcome | Exception]
+        self,
+        attempts: list[Attempt],
+        outcomes: list[ExecutionOutcome | Exception],
+        *,
+        claim_next: bool = True,
     ) -> None:
         settler = self._settler
         done: list[Attempt] = []
@@ -411,10 +454,18 @@ class BatchPath:
             else:
                 settler.settle_safely(attempt, outcome)
         if done:
-            self._complete_all(done, {id(a): o for a, o in zip(attempts, outcomes, strict=True)})
+            self._complete_all(
+                done,
+                {id(a): o for a, o in zip(attempts, outcomes, strict=True)},
+                claim_next=claim_next,
+            )
 
     def _complete_all(
-        self, done: list[Attempt], outcomes: dict[int, ExecutionOutcome | Exception]
+        self,
+        done: list[Attempt],
+        outcomes: dict[int, ExecutionOutcome | Exception],
+        *,
+        claim_next: bool = True,
     ) -> None:
         settler = self._settler
         settings = self._settings
@@ -441,7 +492,7 @@ class BatchPath:
         def expect() -> None:
             # The unit's launches may then insert the tasks this claim would
             # take first as already claimed (SQLite; see sql/_ahead.py).
-            if announcer is not None and not self._stopping.is_set():
+            if claim_next and announcer is not None and not self._stopping.is_set():
                 expected.append(
                     announcer.expect_claim(
                         self._worker_id,
@@ -455,7 +506,7 @@ class BatchPath:
         def claim_ahead() -> None:
             # Once announced, the claim is made even by a stopping worker: it
             # hands over what the launches claimed, which the stop gives back.
-            if any(expected) or not self._stopping.is_set():
+            if any(expected) or (claim_next and not self._stopping.is_set()):
                 ahead.extend(self._claim(0.0))
 
         stored_from = now_ns()

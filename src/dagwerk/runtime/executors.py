@@ -245,6 +245,7 @@ class ThreadExecutor:
         clock: Clock,
         parallelism: int | None = None,
         observe: Callable[[int, float], object] | None = None,
+        flush: Callable[[list[tuple[int, ExecutionOutcome]]], object] | None = None,
     ) -> list[ExecutionOutcome]:
         """:meth:`execute` for several attempts at once, supervised by the
         calling thread; each attempt is settled by its result, its deadline
@@ -252,7 +253,10 @@ class ThreadExecutor:
         signal, exactly as alone. The plugins run on pooled daemon threads,
         as few as keep every attempt moving and at most ``parallelism`` at
         once (see ``runtime/_batch_exec.py``); ``observe(index, seconds)``
-        is told how long each returned call took. Outcomes in job order."""
+        is told how long each returned call took; ``flush([(index, outcome)])``, on the
+        calling thread, gets the results that returned while others still
+        run once they waited a few milliseconds (``FLUSH_SECONDS``). Outcomes
+        in job order, flushed ones included."""
         wake = threading.Event()
         countdown = _Countdown(len(jobs), wake)
         settlements: list[Settlement] = []
@@ -273,6 +277,7 @@ class ThreadExecutor:
             timeout_outcome=timeout_outcome,
             parallelism=parallelism,
             observe=observe,
+            flush=flush,
         )
         outcomes: list[ExecutionOutcome] = []
         for job, settlement in zip(jobs, settlements, strict=True):
