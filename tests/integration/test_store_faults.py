@@ -393,3 +393,133 @@ def test_a_missing_plugin_module_exits_2_with_one_line(tmp_path: Path) -> None:
         assert done.returncode == 2, done.stderr
         line = _one_error_line(done)
         assert "fault_plugins" in line, line
+
+
+def test_a_read_only_directory_at_start_is_waited_out_and_the_run_completes(
+    tmp_path: Path,
+) -> None:
+    """A database without its -wal file in a directory that cannot be
+    written cannot be opened yet: the worker waits (one line, little CPU)
+    and serves once the directory is writable again."""
+    prefix = _unprivileged()
+    data = tmp_path / "data"
+    data.mkdir()
+    project = Project(tmp_path, data, count=6)
+    submitted = project.run(
+        "submit", str(project.pipeline), "--db", project.url, "--run-id", "late-run"
+    )
+    assert submitted.returncode == 0, submitted.stderr
+    assert not (data / "dagwerk.db-wal").exists()  # closed cleanly: SQLite must create it
+    data.chmod(0o555)
+    worker = project.start(
+        "worker", "--db", project.url, "--plugins", "fault_plugins", prefix=prefix
+    )
+    try:
+        _wait_for(lambda: "opening the database failed" in project.stderr(), 30, "the fault line")
+        share = _cpu_share_while_waiting(worker)
+        assert worker.poll() is None, project.stderr()
+        data.chmod(0o755)
+
+        def completed() -> bool:
+            with Engine(project.url) as engine:
+                return engine.get_run("late-run").status is RunStatus.COMPLETED  # type: ignore[union-attr]
+
+        _wait_for(completed, 60, "the run to complete")
+        worker.send_signal(signal.SIGTERM)
+        worker.wait(timeout=60)
+    finally:
+        data.chmod(0o755)
+        _reap(worker)
+    stderr = _ended_calmly(worker, share, project)
+    first = next(line for line in stderr.splitlines() if "opening the database failed" in line)
+    assert str(project.db) in first and "readonly" in first and "writable again" in first, first
+    assert sum("opening the database failed" in line for line in stderr.splitlines()) == 1
+    assert any("answers again" in line for line in stderr.splitlines()), stderr
+    assert len(_log_lines(stderr)) <= 8, stderr
+    project.assert_settled_once("late-run")
+
+
+def test_fail_on_fault_bounds_the_wait_to_open_the_store(tmp_path: Path) -> None:
+    prefix = _unprivileged()
+    data = tmp_path / "data"
+    data.mkdir()
+    project = Project(tmp_path, data, count=2)
+    assert project.run("submit", str(project.pipeline), "--db", project.url).returncode == 0
+    data.chmod(0o555)
+    try:
+        started = time.monotonic()
+        done = project.run(
+            "run",
+            str(project.pipeline),
+            "--db",
+            project.url,
+            "--fail-on-fault",
+            "2",
+            prefix=prefix,
+        )
+        took = time.monotonic() - started
+    finally:
+        data.chmod(0o755)
+    assert done.returncode == 1, done.stderr
+    assert took < 30, took
+    errors = [line for line in done.stderr.splitlines() if line.startswith("error:")]
+    assert len(errors) == 1, done.stderr
+    assert "readonly" in errors[0] and "at most 2s" in errors[0], errors[0]
+    assert len(_log_lines(done.stderr)) <= 3, done.stderr  # the fault line and the error
+    assert "Traceback" not in done.stderr
+
+
+SLOW_PLUGINS = """
+import os
+import time
+import dagwerk
+
+@dagwerk.plugin("fault_gen")
+def fault_gen(inputs, ctx):
+    return [{"i": i} for i in range(int(inputs.parameters["count"]))]
+
+@dagwerk.plugin("fault_big")
+def fault_big(inputs, ctx):
+    with open(os.environ["FAULT_LEDGER"], "a", encoding="utf-8") as ledger:
+        ledger.write(f"{inputs.parameters['i']}\\n")
+    time.sleep(0.05)
+    return {"i": inputs.parameters["i"]}
+"""
+
+
+@pytest.mark.parametrize("removed", ["directory", "file"])
+def test_a_database_removed_under_a_running_worker_ends_it_with_exit_2(
+    tmp_path: Path, removed: str
+) -> None:
+    """Writes to a removed file reach no one: the worker notices, says it
+    in one line and exits 2 instead of working on into the void."""
+    data = tmp_path / "data"
+    data.mkdir()
+    project = Project(tmp_path, data, count=2000)
+    (tmp_path / "fault_plugins.py").write_text(SLOW_PLUGINS, encoding="utf-8")
+    submitted = project.run("submit", str(project.pipeline), "--db", project.url)
+    assert submitted.returncode == 0, submitted.stderr
+    worker = project.start("worker", "--db", project.url, "--plugins", "fault_plugins")
+    try:
+        _wait_for(lambda: len(project.ledger.read_text().split()) >= 20, 60, "tasks to run")
+        if removed == "directory":
+            shutil.rmtree(data)
+        else:
+            project.db.unlink()
+        removed_at = time.monotonic()
+        worker.wait(timeout=30)
+        took = time.monotonic() - removed_at
+    finally:
+        _reap(worker)
+    stderr = project.stderr()
+    assert worker.returncode == 2, stderr
+    assert took < 10, took
+    assert "Traceback" not in stderr
+    lines = [line for line in _log_lines(stderr) if not line.startswith("worker ")]
+    assert len(lines) == 1, stderr
+    assert lines[0].startswith("error: ") and str(project.db) in lines[0], lines[0]
+    assert "removed" in lines[0] and "start again" in lines[0], lines[0]
+    if removed == "file":
+        assert not project.db.exists()  # nothing made a new, empty database there
+    # It stopped claiming: far fewer executions than the run has tasks.
+    assert len(project.ledger.read_text().split()) < project.count
