@@ -253,7 +253,7 @@ def run(
     load_pipeline_plugins(pipeline, EngineRegistry(), plugin_modules)
     click.get_current_context().with_resource(task_logging(log_level))
     run_id = run_id if run_id is not None else new_run_id()
-    with open_engine(db) as engine:
+    with open_engine(db, wait_out_faults=True, fail_on_fault=fail_on_fault) as engine:
         try:
             if is_terminal() and not as_json:
                 result = _run_with_live_display(
@@ -497,8 +497,10 @@ def worker(
     A store fault that may pass (a full disk, a read-only file, a server
     that went away) is logged once (then at most every 30 s, with a count)
     and waited out with a backoff of up to 5 s, claiming no new work; the
-    worker resumes by itself. One that does not (permission denied, a
-    schema newer than this dagwerk, a damaged database) exits 2.
+    worker resumes by itself; so is one that keeps the database from
+    opening at start. One that does not (permission denied, a schema newer
+    than this dagwerk, a damaged database, a database file removed while
+    the worker runs) exits 2.
 
     \b
     Examples:
@@ -514,7 +516,7 @@ def worker(
     retention_age = None if retention is None else age_seconds(retention, "--retention")
     loaded: list[Pipeline] = []
     click.get_current_context().with_resource(task_logging(log_level))
-    with open_engine(db) as engine:
+    with open_engine(db, wait_out_faults=True) as engine:
         for pipeline_file in pipelines:
             pipeline = load_pipeline(pipeline_file)
             engine.load_plugins(pipeline.plugins, base_dir=Path(pipeline.source).parent)

@@ -38,6 +38,7 @@ from dagwerk.constants import RUN_TERMINAL_STATUSES
 from dagwerk.errors import DagwerkError
 from dagwerk.orchestrator import cancel_run
 from dagwerk.runtime.clock import Clock, SystemClock
+from dagwerk.runtime.faults import FaultGate, log_failure
 from dagwerk.store_schedules import ScheduleFire, ScheduleRecord
 
 from .definitions import CatchupPolicy, FireSource, OverlapPolicy
@@ -125,7 +126,10 @@ class Scheduler:
 
     ``holder`` names this process in the lease. ``on_fire`` is called after
     each tick's record and run commit and before the run starts (tests use it
-    to kill a process at exactly that point).
+    to kill a process at exactly that point). A store fault (a full disk, a
+    server gone) is ``faults``'s to say, as for the worker's other loops
+    (one line, repeats throttled); other errors are logged with their
+    traceback.
     """
 
     def __init__(
@@ -137,6 +141,7 @@ class Scheduler:
         lease_seconds: float = DEFAULT_LEASE_SECONDS,
         misfire_grace: float = DEFAULT_MISFIRE_GRACE,
         on_fire: FireHook | None = None,
+        faults: FaultGate | None = None,
     ) -> None:
         capabilities = StoreCapabilities.of(store)
         if capabilities.schedules is None or capabilities.backstop is None:
@@ -152,6 +157,7 @@ class Scheduler:
         self.lease_seconds = lease_seconds
         self.misfire_grace = misfire_grace
         self.on_fire = on_fire
+        self.faults = faults
         self.last_report: SchedulerReport | None = None
         self._last_purge: float | None = None
         self._holding = False
@@ -174,8 +180,8 @@ class Scheduler:
             self._holding = False
             try:
                 self._leases.release_lease(SCHEDULER_LEASE, self.holder)
-            except Exception:
-                _LOG.exception("scheduler could not release its lease")
+            except Exception as exc:
+                log_failure(self.faults, _LOG, exc, "releasing the scheduling lease")
 
     # --- one pass ----------------------------------------------------------------
 
@@ -184,7 +190,7 @@ class Scheduler:
         try:
             report = self._run_pass()
         except Exception as exc:  # a pass never raises into its caller
-            _LOG.exception("scheduler pass failed")
+            log_failure(self.faults, _LOG, exc, "the scheduler pass")
             report = SchedulerReport(ran=False, errors=(_describe(exc),))
         self.last_report = report
         return report
@@ -206,7 +212,7 @@ class Scheduler:
             try:
                 self._schedule(record, state)
             except Exception as exc:  # one schedule never stops the pass
-                _LOG.exception("scheduler failed on schedule %s", record.name)
+                log_failure(self.faults, _LOG, exc, f"scheduling {record.name}")
                 state.errors.append(f"{record.name}: {_describe(exc)}")
         return SchedulerReport(
             ran=True,
@@ -225,8 +231,8 @@ class Scheduler:
         self._last_purge = now
         try:
             self._keys.purge_idempotency_keys()
-        except Exception:
-            _LOG.exception("scheduler could not purge expired idempotency keys")
+        except Exception as exc:
+            log_failure(self.faults, _LOG, exc, "purging expired idempotency keys")
 
     def due_ticks(self, record: ScheduleRecord, now: float) -> list[int] | None:
         """The ticks of ``record`` this pass fires at ``now``, oldest first;
@@ -377,15 +383,21 @@ def start_scheduler(
 
 
 def worker_scheduler(
-    store: Any, *, interval: float | None, clock: Clock | None, holder: str
+    store: Any,
+    *,
+    interval: float | None,
+    clock: Clock | None,
+    holder: str,
+    faults: FaultGate | None = None,
 ) -> SchedulerThread | None:
     """The scheduler thread of a worker (not started), or ``None`` when
-    ``interval`` is ``None``/0 or the store keeps no schedules."""
+    ``interval`` is ``None``/0 or the store keeps no schedules; its store
+    faults go to the worker's ``faults``."""
     seconds = check_schedule_interval(interval)
     capabilities = StoreCapabilities.of(store)
     if seconds is None or capabilities.schedules is None or capabilities.backstop is None:
         return None
-    return SchedulerThread(Scheduler(store, clock=clock, holder=holder), seconds)
+    return SchedulerThread(Scheduler(store, clock=clock, holder=holder, faults=faults), seconds)
 
 
 def _describe(exc: BaseException) -> str:
