@@ -26,6 +26,8 @@ from pathlib import Path
 
 import pytest
 
+from dagwerk.backends.errors import StoreFullError
+from dagwerk.backends.sqlite.gateway import SqliteGateway
 from dagwerk.constants import RunStatus
 from dagwerk.engine import Engine
 
@@ -176,13 +178,13 @@ class Project:
 
 @pytest.fixture
 def tmpfs(tmp_path: Path) -> Iterator[Path]:
-    """A 4 MiB tmpfs mounted for this test (root only), unmounted after it."""
+    """An 8 MiB tmpfs mounted for this test (root only), unmounted after it."""
     if os.geteuid() != 0 or shutil.which("mount") is None:
         pytest.skip("mounting a tmpfs needs root (CI runs as root)")
     target = tmp_path / "small"
     target.mkdir()
     mounted = subprocess.run(
-        ["mount", "-t", "tmpfs", "-o", "size=4m", "tmpfs", str(target)],
+        ["mount", "-t", "tmpfs", "-o", "size=8m", "tmpfs", str(target)],
         check=False,
         capture_output=True,
         text=True,
@@ -226,7 +228,7 @@ def test_a_full_disk_is_waited_out_and_the_run_completes_once_space_is_freed(
     project = Project(tmp_path, tmpfs, count=60)
     filler = tmpfs / "filler"
     # 60 outputs of 20 KB do not fit in what the filler leaves free.
-    filler.write_bytes(b"\0" * (3 * 1024 * 1024 + 256 * 1024))
+    filler.write_bytes(b"\0" * (7 * 1024 * 1024 + 256 * 1024))
     run = project.start(
         "run", str(project.pipeline), "--db", project.url, "--run-id", "full-run", "--json"
     )
@@ -260,7 +262,7 @@ def test_a_full_disk_is_waited_out_and_the_run_completes_once_space_is_freed(
 
 def test_fail_on_fault_ends_run_after_the_fault_lasted(tmp_path: Path, tmpfs: Path) -> None:
     project = Project(tmp_path, tmpfs, count=60)
-    (tmpfs / "filler").write_bytes(b"\0" * (3 * 1024 * 1024 + 256 * 1024))
+    (tmpfs / "filler").write_bytes(b"\0" * (7 * 1024 * 1024 + 256 * 1024))
     started = time.monotonic()
     done = project.run("run", str(project.pipeline), "--db", project.url, "--fail-on-fault", "2")
     assert done.returncode == 1, done.stderr
@@ -506,3 +508,31 @@ def test_a_database_removed_under_a_running_worker_ends_it_with_exit_2(
         assert not project.db.exists()  # nothing made a new, empty database there
     # It stopped claiming: far fewer executions than the run has tasks.
     assert len(project.ledger.read_text().split()) < project.count
+
+
+def test_the_log_grown_until_the_disk_filled_gives_its_space_back(tmpfs: Path) -> None:
+    """A write-ahead log keeps its size once grown: without a truncating
+    checkpoint after the fault, the space it took while the disk filled
+    would stay taken after the user freed space."""
+    db = tmpfs / "log.db"
+    wal = Path(f"{db}-wal")
+    gateway = SqliteGateway(str(db))
+    try:
+        with gateway.write() as tx:
+            tx._conn.execute("CREATE TABLE blobs (id INTEGER PRIMARY KEY, body BLOB)")
+        filler = tmpfs / "filler"
+        filler.write_bytes(b"\0" * (6 * 1024 * 1024))
+        with pytest.raises(StoreFullError):
+            for _ in range(1000):
+                with gateway.write() as tx:
+                    tx._conn.execute("INSERT INTO blobs (body) VALUES (?)", (os.urandom(65536),))
+        grown = wal.stat().st_size
+        assert grown > 512 * 1024, grown
+        filler.unlink()
+        with gateway.write() as tx:
+            tx._conn.execute("INSERT INTO blobs (body) VALUES (?)", (b"x",))
+        assert wal.stat().st_size < 64 * 1024, (grown, wal.stat().st_size)
+        with gateway.read() as tx:
+            assert tx._conn.execute("PRAGMA integrity_check").fetchone()[0] == "ok"
+    finally:
+        gateway.close()

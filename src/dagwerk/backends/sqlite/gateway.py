@@ -251,6 +251,8 @@ class SqliteGateway(Gateway):
         self._conn: sqlite3.Connection | None = None
         # Set when a write found the file read-only (see _reconnect).
         self._reopen = False
+        # Set when a write found the disk full (see _reclaim_log).
+        self._reclaim = False
         # Writers queue in a kernel lock before BEGIN IMMEDIATE (_writer_queue.py).
         self._queue = (
             None
@@ -659,6 +661,21 @@ class SqliteGateway(Gateway):
         finally:
             self._unit_writes += 1
 
+    def _reclaim_log(self, conn: sqlite3.Connection) -> None:
+        """Give the write-ahead log's space back after a write found the disk
+        full: the log keeps its size once grown (up to the backstop's ~32 MiB,
+        see _checkpoint.py), so on a small disk a log grown until the disk
+        filled would fill it again as soon as space is freed. A ``TRUNCATE``
+        checkpoint copies the log into the database file and empties it;
+        while the disk is still full it fails, and the next write tries
+        again (the worker paces those writes)."""
+        try:
+            busy, _, _ = conn.execute("PRAGMA wal_checkpoint(TRUNCATE)").fetchone()
+        except sqlite3.Error:
+            return
+        if not busy:
+            self._reclaim = False
+
     @contextmanager
     def _own_transaction(self, begin: str) -> Iterator[_Tx]:
         with self._lock:
@@ -666,6 +683,8 @@ class SqliteGateway(Gateway):
             queue = self._queue if begin == "BEGIN IMMEDIATE" else None
             queued = None if queue is None else queue.acquire()
             try:
+                if self._reclaim and queue is not None:
+                    self._reclaim_log(conn)
                 try:
                     conn.execute(begin)
                 except sqlite3.Error as exc:
@@ -685,6 +704,8 @@ class SqliteGateway(Gateway):
                 if isinstance(exc, StoreReadOnlyError):
                     # The next transaction opens the file again (see _reconnect).
                     self._reopen = not self.read_only and not self.in_memory
+                elif isinstance(exc, StoreFullError):
+                    self._reclaim = not self.read_only and not self.in_memory
                 try:
                     self._check_place(now=True)
                 except StoreGoneError as gone:
