@@ -81,3 +81,17 @@ def other_thread_logs(inputs: TaskInputs, ctx: TaskContext) -> dict[str, object]
     thread.join()
     ctx.logger.warning("mine")
     return {}
+
+
+def informs(inputs: TaskInputs, ctx: TaskContext) -> dict[str, object]:
+    """Logs to ctx.logger at INFO (with a traceback and a stack) and WARNING."""
+    ctx.logger.info("an info line with %s", ctx.secrets.get("token", "-"))
+    try:
+        raise KeyError("kept")
+    except KeyError:
+        ctx.logger.info("an info line with its exception", exc_info=True)
+    ctx.logger.info("an info line with its stack", stack_info=True)
+    ctx.logger.debug("a debug line")
+    ctx.logger.warning("a warning line")
+    assert ctx.logger.isEnabledFor(logging.INFO)
+    return {}
