@@ -95,3 +95,22 @@ def informs(inputs: TaskInputs, ctx: TaskContext) -> dict[str, object]:
     ctx.logger.warning("a warning line")
     assert ctx.logger.isEnabledFor(logging.INFO)
     return {}
+
+
+def _deep_raise(token: str) -> None:
+    found: dict[str, str] = {}
+    try:
+        found["missing"]
+    except KeyError as exc:
+        raise ValueError(f"bad value {token}") from exc
+
+
+def raises_chained(inputs: TaskInputs, ctx: TaskContext) -> dict[str, object]:
+    """Raises a ValueError (holding the secret) caused by a KeyError."""
+    _deep_raise(ctx.secrets.get("token", "-"))
+    return {}
+
+
+def raises_huge(inputs: TaskInputs, ctx: TaskContext) -> dict[str, object]:
+    """Raises an exception whose message alone is far over the traceback bound."""
+    raise RuntimeError("x" * 200_000 + " the end")

@@ -206,6 +206,7 @@ class Worker:
             poll_interval=settings.poll_interval,
             task_logs=task_logs,
             tracing=tracing,
+            tracebacks=capabilities.tracebacks,
         )
         self.preparer = AttemptPreparer(
             store,
