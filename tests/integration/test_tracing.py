@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+import textwrap
 from pathlib import Path
 from typing import Any
 
@@ -117,7 +118,10 @@ trace_processes._dump(exporter, {str(tmp_path / "spans.jsonl")!r})
     assert attempt["parent_id"] == run["parent_id"] == submit["span_id"]
 
 
-def _run_script(tmp_path: Path, body: str) -> list[dict[str, Any]]:
+def _traced_run(tmp_path: Path, url: str, body: str) -> list[dict[str, Any]]:
+    """The spans of a traced process that runs ``body`` with ``engine`` open
+    on ``url`` (``memory`` or ``sqlite``) and a plugin ``noop`` registered."""
+    db = "memory://" if url == "memory" else f"sqlite:///{tmp_path / 'traced.db'}"
     script = f"""
 import sys, time
 sys.path.insert(0, {str(HERE)!r})
@@ -125,7 +129,13 @@ import trace_processes
 exporter = trace_processes._provider()
 from dagwerk.engine import Engine
 from dagwerk.models import DagNode
-{body}
+
+def noop(inputs, ctx):
+    return {{}}
+
+with Engine({db!r}, execution_root={str(tmp_path)!r}) as engine:
+    engine.plugin("noop")(noop)
+{textwrap.indent(textwrap.dedent(body), "    ")}
 trace_processes._dump(exporter, {str(tmp_path / "spans.jsonl")!r})
 """
     done = subprocess.run(
@@ -141,25 +151,17 @@ def _children(spans: list[dict[str, Any]], parent: dict[str, Any]) -> dict[str, 
 
 @pytest.mark.parametrize("url", ["memory", "sqlite"])
 def test_the_queue_wait_runs_from_the_enqueue_to_the_claim(tmp_path: Path, url: str) -> None:
-    db = "memory://" if url == "memory" else f"sqlite:///{tmp_path / 'q.db'}"
-    spans = _run_script(
-        tmp_path,
-        f"""
-def quick(inputs, ctx):
-    return {{}}
-
-with Engine({db!r}, execution_root={str(tmp_path)!r}) as engine:
-    engine.plugin("quick")(quick)
-    run_id = engine.submit([DagNode(slug="q", plugin="quick")])
-    time.sleep(0.4)  # the delivery waits in the queue with no worker to take it
-    worker = engine.worker(concurrency=1)
-    worker.start()
-    try:
-        engine.wait(run_id, timeout=60)
-    finally:
-        worker.stop()
-""",
-    )
+    body = """
+        run_id = engine.submit([DagNode(slug="q", plugin="noop")])
+        time.sleep(0.4)  # the delivery waits in the queue with no worker to take it
+        worker = engine.worker(concurrency=1)
+        worker.start()
+        try:
+            engine.wait(run_id, timeout=60)
+        finally:
+            worker.stop()
+    """
+    spans = _traced_run(tmp_path, url, body)
     (submit,) = [s for s in spans if s["name"] == "dagwerk.submit"]
     (attempt,) = [s for s in spans if s["name"] == "dagwerk.attempt"]
     parts = _children(spans, attempt)
@@ -176,20 +178,12 @@ with Engine({db!r}, execution_root={str(tmp_path)!r}) as engine:
 
 @pytest.mark.parametrize("url", ["memory", "sqlite"])
 def test_engine_cancel_ends_the_runs_span(tmp_path: Path, url: str) -> None:
-    db = "memory://" if url == "memory" else f"sqlite:///{tmp_path / 'c.db'}"
-    spans = _run_script(
-        tmp_path,
-        f"""
-def never(inputs, ctx):
-    return {{}}
-
-with Engine({db!r}, execution_root={str(tmp_path)!r}) as engine:
-    engine.plugin("never")(never)
-    run_id = engine.submit([DagNode(slug="n", plugin="never")])
-    assert engine.cancel(run_id, reason="no longer wanted")
-    assert not engine.cancel(run_id)
-""",
-    )
+    body = """
+        run_id = engine.submit([DagNode(slug="n", plugin="noop")])
+        assert engine.cancel(run_id, reason="no longer wanted")
+        assert not engine.cancel(run_id)
+    """
+    spans = _traced_run(tmp_path, url, body)
     (submit,) = [s for s in spans if s["name"] == "dagwerk.submit"]
     (run,) = [s for s in spans if s["name"] == "dagwerk.run"]
     assert run["parent_id"] == submit["span_id"]
