@@ -533,6 +533,8 @@ class AttemptRecord:
     (``None``: never claimed); ``finished_at`` the time it settled, or was
     replaced unfinished (``None`` while it is queued or running). Attempts
     stored by a version without these times have ``None`` for both.
+    ``traceback`` is the formatted exception the attempt's plugin raised
+    (see :mod:`dagwerk.store_tracebacks`; ``None``: none was stored).
     """
 
     attempt_id: str
@@ -543,3 +545,4 @@ class AttemptRecord:
     resumed_from_wait_id: str | None
     started_at: float | None = None
     finished_at: float | None = None
+    traceback: str | None = None

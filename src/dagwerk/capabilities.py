@@ -50,6 +50,7 @@ from dagwerk.store import (
 )
 from dagwerk.store_logs import RunTraceStore, TaskLogStore
 from dagwerk.store_retention import RunRetentionStore
+from dagwerk.store_tracebacks import AttemptTracebackStore
 
 __all__ = ["StoreCapabilities"]
 
@@ -87,6 +88,7 @@ class StoreCapabilities:
     closable: ClosableStore | None
     retention: RunRetentionStore | None
     task_logs: TaskLogStore | None
+    tracebacks: AttemptTracebackStore | None
     run_traces: RunTraceStore | None
     schedules: ScheduleStore | None
     idempotent_submits: IdempotentSubmitStore | None

@@ -22,7 +22,10 @@ class LeasedDelivery:
 
     ``delivery_count`` counts this lease too (the first lease has count 1).
     The claim, not the lease, decides whether the attempt may run: a lease
-    only hides the row from other workers for a while.
+    only hides the row from other workers for a while. ``offered_at`` is the
+    store time the row became available before this lease: when it was
+    enqueued, when a retry's or a release's delay ended, or when an earlier
+    lease expired (``None``: unknown to the store).
     """
 
     delivery_id: str
@@ -37,6 +40,7 @@ class LeasedDelivery:
     delivery_count: int
     worker_id: str
     lease_expires_at: float
+    offered_at: float | None = None
 
     @property
     def delivery(self) -> Delivery:

@@ -11,10 +11,13 @@ The spans, all in the trace of the code that submitted the run:
 - ``dagwerk.submit``: the submit, a child of the submitter's current span;
   its context (a W3C ``traceparent``) is stored with the run;
 - ``dagwerk.run``: from the run's creation to its terminal state, emitted by
-  the worker that settles it, a child of ``dagwerk.submit``;
-- ``dagwerk.attempt``: one task attempt in a worker, from its claim to the
-  end of its settlement, a child of ``dagwerk.submit``, with the child spans
-  ``dagwerk.wait`` (claim to plugin start: the worker's own queue),
+  the worker that settles it (or by ``Engine.cancel`` that cancels it), a
+  child of ``dagwerk.submit``;
+- ``dagwerk.attempt``: one task attempt, from the time its delivery became
+  available in the queue to the end of its settlement in a worker, a child
+  of ``dagwerk.submit``, with the child spans ``dagwerk.wait`` (the queue
+  wait: available to claimed), ``dagwerk.prepare`` (claimed to plugin
+  start: the attempt's inputs and the worker's own queue),
   ``dagwerk.execute`` (the plugin) and ``dagwerk.settle`` (the settlement);
 - ``dagwerk.store.batch``: one store transaction that completes a batch of
   attempts, a child of the first attempt's ``dagwerk.submit``.
@@ -38,7 +41,14 @@ from dagwerk.reconcile import OrchestratorCallbacks
 from dagwerk.store import RunRecord
 from dagwerk.store_logs import RunTraceStore
 
-__all__ = ["WorkerTracing", "now_ns", "record_submit", "traced_callbacks", "tracing_active"]
+__all__ = [
+    "WorkerTracing",
+    "now_ns",
+    "record_run_end",
+    "record_submit",
+    "traced_callbacks",
+    "tracing_active",
+]
 
 _TRACER_NAME = "dagwerk"
 _LOG = logging.getLogger("dagwerk.tracing")
@@ -107,6 +117,7 @@ class _Open:
     task_id: str
     attempt: int
     node: str
+    offered_ns: int
     claimed_ns: int
     started_ns: int
     settling_ns: int = 0
@@ -161,14 +172,17 @@ class WorkerTracing:
         task_id: str,
         attempt: int,
         node: str,
+        offered_at: float | None,
         claimed_at: float | None,
     ) -> None:
-        """The attempt ``key``'s plugin starts now; ``claimed_at`` is its
-        claim's epoch time (``None``: unknown)."""
+        """The attempt ``key``'s plugin starts now; ``offered_at`` is the
+        epoch time its delivery became available, ``claimed_at`` its claim's
+        (``None``: unknown, taken as the next known time)."""
         now = now_ns()
         claimed = now if claimed_at is None else min(now, int(claimed_at * 1e9))
+        offered = claimed if offered_at is None else min(claimed, int(offered_at * 1e9))
         with self._lock:
-            self._open[key] = _Open(run_id, task_id, attempt, node, claimed, now)
+            self._open[key] = _Open(run_id, task_id, attempt, node, offered, claimed, now)
 
     def settling(self, key: str, outcome: str, error: BaseException | None) -> None:
         """The attempt's plugin is over with ``outcome``; its settlement starts now."""
@@ -207,12 +221,13 @@ class WorkerTracing:
         span = self._tracer.start_span(
             "dagwerk.attempt",
             context=self._context(entry.run_id),
-            start_time=entry.claimed_ns,
+            start_time=entry.offered_ns,
             attributes=attributes,
         )
         inner = trace.set_span_in_context(span)
         for name, start, end in (
-            ("dagwerk.wait", entry.claimed_ns, entry.started_ns),
+            ("dagwerk.wait", entry.offered_ns, entry.claimed_ns),
+            ("dagwerk.prepare", entry.claimed_ns, entry.started_ns),
             ("dagwerk.execute", entry.started_ns, settling),
             ("dagwerk.settle", settling, end_ns),
         ):
@@ -258,20 +273,53 @@ class WorkerTracing:
             ended, self._ended_runs = self._ended_runs, []
         for run_id, status, end_ns in ended:
             record = None if self._runs is None else self._runs.get_run(run_id)
-            created = (record.created_at if record is not None else 0.0) or end_ns / 1e9
-            attributes: dict[str, Any] = {"dagwerk.run_id": run_id, "dagwerk.outcome": status}
-            error = None if record is None else record.error
-            if error:
-                attributes["dagwerk.error"] = error
-            span = self._tracer.start_span(
-                "dagwerk.run",
-                context=self._context(run_id),
-                start_time=min(end_ns, int(created * 1e9)),
-                attributes=attributes,
+            _emit_run(
+                self._trace, self._context(run_id), record, run_id, status=status, end_ns=end_ns
             )
-            if error:
-                span.set_status(self._trace.Status(self._trace.StatusCode.ERROR, error))
-            span.end(end_time=end_ns)
+
+
+def _emit_run(
+    trace: Any,
+    context: Any | None,
+    record: RunRecord | None,
+    run_id: str,
+    *,
+    status: str,
+    end_ns: int,
+) -> None:
+    """The ``dagwerk.run`` span of a run that became ``status`` at ``end_ns``."""
+    created = (record.created_at if record is not None else 0.0) or end_ns / 1e9
+    attributes: dict[str, Any] = {"dagwerk.run_id": run_id, "dagwerk.outcome": status}
+    error = None if record is None else record.error
+    if error:
+        attributes["dagwerk.error"] = error
+    span = trace.get_tracer(_TRACER_NAME).start_span(
+        "dagwerk.run",
+        context=context,
+        start_time=min(end_ns, int(created * 1e9)),
+        attributes=attributes,
+    )
+    if error:
+        span.set_status(trace.Status(trace.StatusCode.ERROR, error))
+    span.end(end_time=end_ns)
+
+
+def record_run_end(
+    traces: RunTraceStore | None, runs: _RunReader, run_id: str, status: str
+) -> None:
+    """Emit the ``dagwerk.run`` span of a run that this process just made
+    terminal outside any worker (``Engine.cancel``), when the process traces.
+    Tracing never fails the caller: a span that cannot be made is lost."""
+    trace = _trace_module()
+    if trace is None:
+        return
+    end_ns = now_ns()
+    try:
+        stored = None if traces is None else traces.get_run_traceparent(run_id)
+        record = runs.get_run(run_id)
+        _emit_run(trace, _parent(trace, stored), record, run_id, status=status, end_ns=end_ns)
+    except Exception:
+        _LOG.exception("emitting the span of run %s failed", run_id)
 
 
 def traced_callbacks(

@@ -81,3 +81,36 @@ def other_thread_logs(inputs: TaskInputs, ctx: TaskContext) -> dict[str, object]
     thread.join()
     ctx.logger.warning("mine")
     return {}
+
+
+def informs(inputs: TaskInputs, ctx: TaskContext) -> dict[str, object]:
+    """Logs to ctx.logger at INFO (with a traceback and a stack) and WARNING."""
+    ctx.logger.info("an info line with %s", ctx.secrets.get("token", "-"))
+    try:
+        raise KeyError("kept")
+    except KeyError:
+        ctx.logger.info("an info line with its exception", exc_info=True)
+    ctx.logger.info("an info line with its stack", stack_info=True)
+    ctx.logger.debug("a debug line")
+    ctx.logger.warning("a warning line")
+    assert ctx.logger.isEnabledFor(logging.INFO)
+    return {}
+
+
+def _deep_raise(token: str) -> None:
+    found: dict[str, str] = {}
+    try:
+        found["missing"]
+    except KeyError as exc:
+        raise ValueError(f"bad value {token}") from exc
+
+
+def raises_chained(inputs: TaskInputs, ctx: TaskContext) -> dict[str, object]:
+    """Raises a ValueError (holding the secret) caused by a KeyError."""
+    _deep_raise(ctx.secrets.get("token", "-"))
+    return {}
+
+
+def raises_huge(inputs: TaskInputs, ctx: TaskContext) -> dict[str, object]:
+    """Raises an exception whose message alone is far over the traceback bound."""
+    raise RuntimeError("x" * 200_000 + " the end")

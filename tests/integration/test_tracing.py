@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+import textwrap
 from pathlib import Path
 from typing import Any
 
@@ -66,7 +67,12 @@ def test_one_run_over_two_worker_processes_is_one_trace(tmp_path: Path) -> None:
         assert span["attributes"]["dagwerk.outcome"] == "ok"
         assert span["attributes"]["dagwerk.task_id"].startswith(run_id)
         children = sorted(s["name"] for s in every if s["parent_id"] == span["span_id"])
-        assert children == ["dagwerk.execute", "dagwerk.settle", "dagwerk.wait"]
+        assert children == [
+            "dagwerk.execute",
+            "dagwerk.prepare",
+            "dagwerk.settle",
+            "dagwerk.wait",
+        ]
         execute = next(
             s for s in every if s["parent_id"] == span["span_id"] and s["name"] == "dagwerk.execute"
         )
@@ -110,6 +116,81 @@ trace_processes._dump(exporter, {str(tmp_path / "spans.jsonl")!r})
     assert run["attributes"]["dagwerk.outcome"] == "failed" and run["error"]
     (submit,) = [s for s in spans if s["name"] == "dagwerk.submit"]
     assert attempt["parent_id"] == run["parent_id"] == submit["span_id"]
+
+
+def _traced_run(tmp_path: Path, url: str, body: str) -> list[dict[str, Any]]:
+    """The spans of a traced process that runs ``body`` with ``engine`` open
+    on ``url`` (``memory`` or ``sqlite``) and a plugin ``noop`` registered."""
+    db = "memory://" if url == "memory" else f"sqlite:///{tmp_path / 'traced.db'}"
+    script = f"""
+import sys, time
+sys.path.insert(0, {str(HERE)!r})
+import trace_processes
+exporter = trace_processes._provider()
+from dagwerk.engine import Engine
+from dagwerk.models import DagNode
+
+def noop(inputs, ctx):
+    return {{}}
+
+with Engine({db!r}, execution_root={str(tmp_path)!r}) as engine:
+    engine.plugin("noop")(noop)
+{textwrap.indent(textwrap.dedent(body), "    ")}
+trace_processes._dump(exporter, {str(tmp_path / "spans.jsonl")!r})
+"""
+    done = subprocess.run(
+        [sys.executable, "-c", script], check=False, capture_output=True, text=True, timeout=120
+    )
+    assert done.returncode == 0, done.stderr
+    return _spans(tmp_path / "spans.jsonl")
+
+
+def _children(spans: list[dict[str, Any]], parent: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    return {s["name"]: s for s in spans if s["parent_id"] == parent["span_id"]}
+
+
+@pytest.mark.parametrize("url", ["memory", "sqlite"])
+def test_the_queue_wait_runs_from_the_enqueue_to_the_claim(tmp_path: Path, url: str) -> None:
+    body = """
+        run_id = engine.submit([DagNode(slug="q", plugin="noop")])
+        time.sleep(0.4)  # the delivery waits in the queue with no worker to take it
+        worker = engine.worker(concurrency=1)
+        worker.start()
+        try:
+            engine.wait(run_id, timeout=60)
+        finally:
+            worker.stop()
+    """
+    spans = _traced_run(tmp_path, url, body)
+    (submit,) = [s for s in spans if s["name"] == "dagwerk.submit"]
+    (attempt,) = [s for s in spans if s["name"] == "dagwerk.attempt"]
+    parts = _children(spans, attempt)
+    assert sorted(parts) == ["dagwerk.execute", "dagwerk.prepare", "dagwerk.settle", "dagwerk.wait"]
+    wait = parts["dagwerk.wait"]
+    # The delivery was enqueued as the run started (after the submit's span);
+    # it waited until the worker claimed it.
+    assert submit["end"] <= wait["start"], (submit, wait)
+    assert wait["end"] - wait["start"] >= 350_000_000
+    assert attempt["start"] == wait["start"]
+    assert wait["end"] == parts["dagwerk.prepare"]["start"]
+    assert parts["dagwerk.prepare"]["end"] == parts["dagwerk.execute"]["start"]
+
+
+@pytest.mark.parametrize("url", ["memory", "sqlite"])
+def test_engine_cancel_ends_the_runs_span(tmp_path: Path, url: str) -> None:
+    body = """
+        run_id = engine.submit([DagNode(slug="n", plugin="noop")])
+        assert engine.cancel(run_id, reason="no longer wanted")
+        assert not engine.cancel(run_id)
+    """
+    spans = _traced_run(tmp_path, url, body)
+    (submit,) = [s for s in spans if s["name"] == "dagwerk.submit"]
+    (run,) = [s for s in spans if s["name"] == "dagwerk.run"]
+    assert run["parent_id"] == submit["span_id"]
+    assert run["trace_id"] == submit["trace_id"]
+    assert run["attributes"]["dagwerk.outcome"] == "cancelled"
+    assert run["attributes"]["dagwerk.run_id"] == submit["attributes"]["dagwerk.run_id"]
+    assert run["start"] <= submit["end"] <= run["end"]
 
 
 def test_without_a_configured_sdk_opentelemetry_is_never_imported(tmp_path: Path) -> None:

@@ -608,3 +608,30 @@ def test_demo_tasks_are_where_the_tests_expect(engine: Engine, demo: Demo) -> No
     statuses = {t.status for t in engine.list_tasks(demo.failed_run)}
     assert TaskStatus.FAILED in statuses
     assert [n.slug for n in demo_nodes()] == ["fan", "work", "report"]
+
+
+# --- attempt tracebacks -------------------------------------------------------------
+
+
+def test_a_failed_attempts_traceback_is_in_the_api_and_folded_on_the_page(
+    engine: Engine,
+) -> None:
+    @engine.plugin("raises")
+    def raises(inputs: Any, ctx: Any) -> dict[str, object]:
+        raise ValueError(HOSTILE_TEXT)
+
+    run_id = engine.submit([DagNode(slug="r", plugin="raises")], run_id="run-traceback")
+    engine.worker(concurrency=1, backstop_interval=None).run_until_idle()
+    (task,) = engine.list_tasks(run_id)
+    assert task.status is TaskStatus.FAILED
+    web = client(engine)
+    (attempt,) = web.get(f"/api/tasks/{task.task_id}").json()["attempts"]
+    assert attempt["traceback"].startswith("Traceback (most recent call last):")
+    assert "in raises" in attempt["traceback"]
+    assert attempt["traceback"].endswith(f"ValueError: {HOSTILE_TEXT}")
+    page = web.get(f"/tasks/{task.task_id}").text
+    attempts = page.split("<h2>Attempts</h2>", 1)[1].split("<h2>Recorded steps</h2>", 1)[0]
+    assert '<details class="attempt-traceback"><summary>traceback</summary>' in attempts
+    assert "Traceback (most recent call last):" in attempts
+    assert HOSTILE_TEXT not in page
+    assert "&lt;script&gt;window.__pwned = true&lt;/script&gt;" in attempts

@@ -410,7 +410,7 @@ def test_gd_14_deliveries_carry_ids_and_routing_never_content(store: MemoryStore
         "launch_id",
     }
     assert {f.name for f in dataclasses.fields(Delivery)} == references
-    routing = {"queue", "priority", "delivery_count", "worker_id", "lease_expires_at"}
+    routing = {"queue", "priority", "delivery_count", "worker_id", "lease_expires_at", "offered_at"}
     assert {f.name for f in dataclasses.fields(LeasedDelivery)} == references | routing
     new_run(store, [root("a")], run_input={"secret": "s3cr3t"})
     (row,) = store.dequeue("w", limit=1, lease_seconds=30.0)

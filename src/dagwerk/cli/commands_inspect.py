@@ -128,6 +128,7 @@ def _attempts(engine: Engine, task: TaskRecord) -> list[dict[str, Any]] | None:
             "resumed_from_wait_id": a.resumed_from_wait_id,
             "started_at": a.started_at,
             "finished_at": a.finished_at,
+            "traceback": a.traceback,
         }
         for a in attempts
     ]

@@ -70,7 +70,7 @@ from dagwerk.store import (
     validate_wait_id,
 )
 from dagwerk.store_schedules import NewRun
-from dagwerk.tracing import now_ns, record_submit
+from dagwerk.tracing import now_ns, record_run_end, record_submit
 from dagwerk.waiting import resume_task
 
 from ._errors import (
@@ -574,7 +574,10 @@ class Engine(ScheduleMethods, ViewMethods):
     def cancel(self, run_id: str, reason: str | None = None) -> bool:
         """Cancel a PENDING or RUNNING run; whether this call cancelled it."""
         self._require_run(run_id)
-        return cancel_run(self._store, run_id, callbacks=_CALLBACKS, reason=reason)
+        cancelled = cancel_run(self._store, run_id, callbacks=_CALLBACKS, reason=reason)
+        if cancelled:
+            record_run_end(self._capabilities.run_traces, self._store, run_id, "cancelled")
+        return cancelled
 
     def retry(self, run_id: str, boundary: Sequence[str] | None = None) -> RunRetryResult:
         """Reopen a FAILED, CRASHED or CANCELLED run and queue the affected work.

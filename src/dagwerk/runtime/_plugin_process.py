@@ -41,6 +41,7 @@ from dagwerk.runtime.errors import NonRetryableError
 from dagwerk.runtime.outcomes import ExecutionOutcome, OutcomeKind, as_coroutine, outcome_of_call
 from dagwerk.runtime.plugins import PluginFn
 from dagwerk.runtime.task_logs import run_in_plugin_process
+from dagwerk.runtime.tracebacks import format_traceback
 
 __all__ = [
     "STEP_REQUEST",
@@ -144,14 +145,17 @@ _TASK_LOGGING = _TaskLogging()
 
 
 def _reply_bytes(outcome: ExecutionOutcome, children: dict[str, Any]) -> bytes:
-    """The message for the worker: ``(kind, outputs, error, wait_id, children)``.
+    """The message for the worker: ``(kind, outputs, error, wait_id,
+    children, traceback)``, ``traceback`` the error's formatted traceback
+    (its frames do not survive pickling).
 
     An error that does not survive pickling (or rebuilding: an exception
     whose ``__init__`` wants other arguments) travels as its text; child run
     requests that cannot travel fail the attempt (``child_run_invalid``).
     """
     outputs = [(o.id, thaw_json(o.fields), thaw_json(o.data)) for o in outcome.outputs]
-    message = (outcome.kind.value, outputs, outcome.error, outcome.wait_id, children)
+    trace = None if outcome.error is None else format_traceback(outcome.error)
+    message = (outcome.kind.value, outputs, outcome.error, outcome.wait_id, children, trace)
     try:
         data = _dumps(message)
         if outcome.error is not None:
@@ -163,7 +167,14 @@ def _reply_bytes(outcome: ExecutionOutcome, children: dict[str, Any]) -> bytes:
                 "ChildRunError: child_run_invalid: the child run request cannot be sent "
                 f"to the worker process: {type(exc).__name__}: {exc}"
             )
-            failed: tuple[object, ...] = (OutcomeKind.ERROR.value, [], RuntimeError(text), None, {})
+            failed: tuple[object, ...] = (
+                OutcomeKind.ERROR.value,
+                [],
+                RuntimeError(text),
+                None,
+                {},
+                None,
+            )
             return _dumps(failed)
         error = outcome.error
         text = f"{type(error).__name__}: {error}"
@@ -173,6 +184,7 @@ def _reply_bytes(outcome: ExecutionOutcome, children: dict[str, Any]) -> bytes:
             RuntimeError(text),
             outcome.wait_id,
             {},
+            trace,
         )
         return _dumps(as_text)
 
@@ -319,11 +331,12 @@ def exit_text(exitcode: int | None) -> str:
 def read_reply(data: bytes) -> tuple[ExecutionOutcome, dict[str, Any]]:
     """The worker's side of :func:`_reply_bytes`: the outcome and the child
     run requests of the attempt. Raises what unpickling raises."""
-    kind, outputs, error, wait_id, children = pickle.loads(data)
+    kind, outputs, error, wait_id, children, trace = pickle.loads(data)
     outcome = ExecutionOutcome(
         OutcomeKind(kind),
         outputs=tuple(EmittedOutput(id=i, fields=f, data=d) for i, f, d in outputs),
         error=error,
         wait_id=wait_id,
+        traceback=trace,
     )
     return outcome, children

@@ -31,7 +31,9 @@ class ExecutionOutcome:
 
     ``outputs`` for OK; ``error`` for ERROR; ``wait_id`` for WAIT.
     ``retryable`` is False when an isolation stop failed (WK-16): the winning
-    outcome is kept but must not be retried.
+    outcome is kept but must not be retried. ``traceback`` is ``error``'s
+    formatted traceback when it was raised in a plugin process (an error
+    that crossed a pipe has none of its own).
     """
 
     kind: OutcomeKind
@@ -40,6 +42,7 @@ class ExecutionOutcome:
     wait_id: str | None = None
     retryable: bool = True
     detail: str = ""
+    traceback: str | None = None
 
 
 def outcome_of_call(fn: Callable[[], Any], task_id: str) -> ExecutionOutcome:

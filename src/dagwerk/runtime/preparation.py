@@ -32,7 +32,7 @@ from dagwerk.runtime.retry_policy import RetryPolicy
 from dagwerk.runtime.roles import WorkerStore
 from dagwerk.runtime.settings import WorkerSettings
 from dagwerk.runtime.settlement import Settler
-from dagwerk.runtime.task_logs import TaskLogWriter
+from dagwerk.runtime.task_logs import TaskLogWriter, task_logger
 from dagwerk.runtime.traced import attempt_started
 from dagwerk.store import DagQueueStore, LeasedDelivery, TaskRecord
 from dagwerk.task_input import resolve_task_inputs
@@ -177,6 +177,13 @@ class AttemptPreparer:
         if resumed_from is not None and self._wait_responses is not None:
             response = self._wait_responses.get_wait_response(delivery.task_id, resumed_from)
         bound = attempt.bound
+        task_log = self._task_logs.open(
+            run_id=delivery.run_id,
+            task_id=delivery.task_id,
+            node_index=delivery.node_index,
+            attempt=attempt.task.attempt_number,
+            secrets=secrets,
+        )
 
         def heartbeat() -> None:
             self._heartbeat(delivery, entry, bound)
@@ -193,7 +200,13 @@ class AttemptPreparer:
             cancelled=entry.signal.abort,
             resumed_from_wait_id=resumed_from,
             secrets=secrets,
-            logger=logging.getLogger(f"dagwerk.task.{node.plugin}"),
+            # With a log, ctx.logger's INFO records are kept whatever the
+            # application's logging configuration shows.
+            logger=(
+                logging.getLogger(f"dagwerk.task.{node.plugin}")
+                if task_log is None
+                else task_logger(node.plugin)
+            ),
             heartbeat_fn=heartbeat,
             wait_response=response,
             byte_limits=self._settings.byte_limits,
@@ -204,13 +217,7 @@ class AttemptPreparer:
                 resumed_from=resumed_from,
                 wait_response=response,
             ),
-            task_log=self._task_logs.open(
-                run_id=delivery.run_id,
-                task_id=delivery.task_id,
-                node_index=delivery.node_index,
-                attempt=attempt.task.attempt_number,
-                secrets=secrets,
-            ),
+            task_log=task_log,
         )
 
     def _heartbeat(self, delivery: LeasedDelivery, entry: Running, bound: float) -> None:

@@ -39,8 +39,10 @@ from dagwerk.runtime.outcomes import ExecutionOutcome, OutcomeKind
 from dagwerk.runtime.retry_policy import RetryPolicy
 from dagwerk.runtime.roles import WorkerStore
 from dagwerk.runtime.task_logs import TaskLogWriter
+from dagwerk.runtime.tracebacks import attempt_traceback
 from dagwerk.runtime.traced import attempts_settled, attempts_settling
 from dagwerk.store import DagQueueStore, DelayedRetryStore, LeasedDelivery
+from dagwerk.store_tracebacks import AttemptTracebackStore
 from dagwerk.tracing import WorkerTracing
 from dagwerk.waiting import wait_task
 
@@ -58,7 +60,8 @@ class Settler:
     ``retry_store`` (``None``: a failure is final, as in the seed) reserves
     retries; ``budget`` checks the output byte limit, ``children`` commits
     waits for child runs. ``poll_interval`` delays a delivery that failed in
-    the worker before it is offered again.
+    the worker before it is offered again. ``tracebacks`` (``None``: not
+    kept) stores the traceback of a plugin's exception before its failure.
     """
 
     def __init__(
@@ -79,9 +82,11 @@ class Settler:
         task_logs: TaskLogWriter,
         tracing: WorkerTracing | None,
         faults: FaultGate,
+        tracebacks: AttemptTracebackStore | None = None,
     ) -> None:
         self._store = store
         self.faults = faults
+        self._tracebacks = tracebacks
         self._task_logs = task_logs
         self._tracing = tracing
         self._queue = queue
@@ -241,7 +246,24 @@ class Settler:
             else:
                 self.ack(delivery, "cancelled", reason or "")
         else:
+            self._keep_traceback(attempt, outcome)
             self._failed(delivery, outcome, attempt.task.attempt_number, attempt.policy)
+
+    def _keep_traceback(self, attempt: Attempt, outcome: ExecutionOutcome) -> None:
+        """Store the traceback of the plugin's exception, before the failure
+        commits (so whoever sees the failure sees it too). Never fails the
+        settlement: a traceback that cannot be stored is lost."""
+        store = self._tracebacks
+        if store is None or outcome.kind is not OutcomeKind.ERROR:
+            return
+        delivery, ctx = attempt.delivery, attempt.ctx
+        try:
+            secrets = () if ctx is None else ctx.secrets.values()
+            text = attempt_traceback(outcome.error, secrets, remote=outcome.traceback)
+            if text is not None:
+                store.record_attempt_traceback(delivery.task_id, delivery.attempt_id, text)
+        except Exception:
+            _LOG.exception("storing the traceback of task %s failed", delivery.task_id)
 
     def _complete(self, delivery: LeasedDelivery, outcome: ExecutionOutcome) -> None:
         if not self.check_output(delivery, outcome.outputs):

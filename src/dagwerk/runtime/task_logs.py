@@ -5,8 +5,11 @@ plugin runs, its thread (and every asyncio task it starts) carries that log
 in a context variable; a log record factory, installed once per process,
 hands each record created in that context to it: records of ``ctx.logger``
 and of any stdlib logger, at the levels the logging configuration lets
-through. A process that logs nothing pays nothing; a record logged outside
-an attempt costs one context-variable look-up.
+through. ``ctx.logger`` is a :class:`TaskLogger`: its records from INFO up
+are kept whatever the configuration lets through (one the configuration
+drops is kept in the attempt's log only; no handler sees it). A process
+that logs nothing pays nothing; a record logged outside an attempt costs
+one context-variable look-up.
 
 The :class:`AttemptLog` bounds the attempt's lines (:class:`TaskLogLimits`:
 past the bound the rest is dropped and one final line says how much),
@@ -53,15 +56,19 @@ __all__ = [
     "DEFAULT_TASK_LOG_MAX_BYTES",
     "DEFAULT_TASK_LOG_MAX_LINES",
     "FLUSH_SECONDS",
+    "KEPT_LEVEL",
     "AttemptLog",
     "LogEntry",
     "TaskLogLimits",
     "TaskLogWriter",
+    "TaskLogger",
     "captured",
     "forward_log_message",
     "install_record_capture",
     "is_log_message",
+    "mask_secrets",
     "run_in_plugin_process",
+    "task_logger",
 ]
 
 _LOG = logging.getLogger("dagwerk.runtime.task_logs")
@@ -71,6 +78,10 @@ FLUSH_SECONDS = 0.5
 
 MASK = "***"
 """What replaces a secret's value in a stored line."""
+
+KEPT_LEVEL = logging.INFO
+"""The level from which an attempt keeps ``ctx.logger``'s records, whatever
+the logging configuration lets through."""
 
 LogEntry = tuple[float, str, str, str, str | None]
 """One captured line: ``(at, level, logger, message, traceback)``."""
@@ -102,6 +113,15 @@ class TaskLogLimits:
     @property
     def enabled(self) -> bool:
         return self.max_bytes > 0 and self.max_lines > 0
+
+
+def mask_secrets(text: str, secrets: Iterable[str]) -> str:
+    """``text`` with each of ``secrets`` replaced by :data:`MASK` (give the
+    longest first, so a secret that contains another is masked whole)."""
+    for secret in secrets:
+        if secret and secret in text:
+            text = text.replace(secret, MASK)
+    return text
 
 
 class EntrySink(Protocol):
@@ -165,10 +185,7 @@ class AttemptLog:
         return (AttemptLog, (self.limits, self._secrets))
 
     def _mask(self, text: str) -> str:
-        for secret in self._secrets:
-            if secret in text:
-                text = text.replace(secret, MASK)
-        return text
+        return mask_secrets(text, self._secrets)
 
     def record(self, record: logging.LogRecord) -> None:
         """Keep a log record: its time, level, logger, message and traceback."""
@@ -287,6 +304,77 @@ def captured(log: AttemptLog | None, call: Callable[[], T]) -> Callable[[], T]:
             log.close()
 
     return run
+
+
+class TaskLogger(logging.LoggerAdapter[logging.Logger]):
+    """A plugin's ``ctx.logger``: its logger as the application configured
+    it, and during an attempt every record from :data:`KEPT_LEVEL` up is
+    kept in the attempt's log. A record the configuration lets through is
+    made and handled as the logger's own (the record factory keeps it); one
+    it drops is made for the attempt's log only, and no handler sees it."""
+
+    def __init__(self, logger: logging.Logger) -> None:
+        super().__init__(logger)
+
+    def process(self, msg: Any, kwargs: Any) -> tuple[Any, Any]:
+        return msg, kwargs
+
+    def isEnabledFor(self, level: int) -> bool:
+        if self.logger.isEnabledFor(level):
+            return True
+        return level >= KEPT_LEVEL and _CURRENT.get() is not None
+
+    def log(self, level: int, msg: object, *args: object, **kwargs: Any) -> None:
+        if self.logger.isEnabledFor(level):
+            # One frame more than the stdlib's adapter: the caller's file and
+            # line are the plugin's, not this method's.
+            kwargs["stacklevel"] = kwargs.get("stacklevel", 1) + 1
+            self.logger.log(level, msg, *args, **kwargs)
+            return
+        log = _CURRENT.get()
+        if log is None or not isinstance(level, int) or level < KEPT_LEVEL:
+            return
+        # Capturing never breaks the plugin's logging.
+        with contextlib.suppress(Exception):
+            log.record(self._record(level, msg, args, **kwargs))
+
+    def _record(
+        self,
+        level: int,
+        msg: object,
+        args: tuple[object, ...],
+        *,
+        exc_info: Any = None,
+        stack_info: bool = False,
+        stacklevel: int = 1,
+        extra: Mapping[str, object] | None = None,
+    ) -> logging.LogRecord:
+        """A record no handler sees: what the attempt's log keeps of it."""
+        if exc_info:
+            if isinstance(exc_info, BaseException):
+                exc_info = (type(exc_info), exc_info, exc_info.__traceback__)
+            elif not isinstance(exc_info, tuple):
+                exc_info = sys.exc_info()
+        sinfo = None
+        if stack_info:
+            # Without this method's and _record's frames.
+            stack = traceback.format_stack(sys._getframe(2))
+            sinfo = "Stack (most recent call last):\n" + "".join(stack).rstrip("\n")
+        return logging.LogRecord(
+            self.logger.name, level, "", 0, msg, args, exc_info, None, sinfo
+        )
+
+
+_TASK_LOGGERS: dict[str, TaskLogger] = {}
+
+
+def task_logger(plugin: str) -> TaskLogger:
+    """The :class:`TaskLogger` over ``dagwerk.task.<plugin>``."""
+    found = _TASK_LOGGERS.get(plugin)
+    if found is None:
+        logger = TaskLogger(logging.getLogger(f"dagwerk.task.{plugin}"))
+        found = _TASK_LOGGERS.setdefault(plugin, logger)
+    return found
 
 
 # --- the worker's writer ------------------------------------------------------------

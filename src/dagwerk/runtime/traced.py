@@ -20,6 +20,8 @@ class _Delivery(Protocol):
     def run_id(self) -> str: ...
     @property
     def task_id(self) -> str: ...
+    @property
+    def offered_at(self) -> float | None: ...
 
 
 class _Task(Protocol):
@@ -62,6 +64,7 @@ def attempt_started(tracing: WorkerTracing | None, attempt: Attempt) -> None:
         task_id=delivery.task_id,
         attempt=attempt.task.attempt_number,
         node=attempt.node.slug,
+        offered_at=delivery.offered_at,
         claimed_at=attempt.task.started_at,
     )
 

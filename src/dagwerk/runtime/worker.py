@@ -211,6 +211,7 @@ class Worker:
             task_logs=task_logs,
             tracing=tracing,
             faults=faults,
+            tracebacks=capabilities.tracebacks,
         )
         self.preparer = AttemptPreparer(
             store,

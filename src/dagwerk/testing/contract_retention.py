@@ -40,6 +40,7 @@ from dagwerk.store import (
     ScheduleStore,
 )
 from dagwerk.store_retention import RetentionCursor, RunRetentionStore
+from dagwerk.store_tracebacks import AttemptTracebackStore
 from dagwerk.testing.contract_queue import FakeClock, QueueContractStore
 from dagwerk.testing.helpers import (
     CallbackLog,
@@ -409,6 +410,8 @@ def fill_every_table(
         store, record.task_id, expected_attempt_id=record.attempt_id, expected_generation=0
     )
     assert claimed is not None
+    assert isinstance(store, AttemptTracebackStore)
+    assert store.record_attempt_traceback(record.task_id, record.attempt_id, "Traceback: lost")
     assert recover_task(
         store, record.task_id, expected_attempt_id=record.attempt_id, expected_generation=0
     )

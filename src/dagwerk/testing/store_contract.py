@@ -46,6 +46,7 @@ from dagwerk.testing.contract_retry import *  # noqa: F403
 from dagwerk.testing.contract_schedules import *  # noqa: F403
 from dagwerk.testing.contract_snapshots import *  # noqa: F403
 from dagwerk.testing.contract_states import *  # noqa: F403
+from dagwerk.testing.contract_tracebacks import *  # noqa: F403
 from dagwerk.testing.contract_views import *  # noqa: F403
 from dagwerk.testing.contract_waiting import *  # noqa: F403
 from dagwerk.testing.contract_workers import *  # noqa: F403

@@ -337,6 +337,7 @@ def _attempt_json(attempt: AttemptRecord) -> dict[str, Any]:
         "resumed_from_wait_id": attempt.resumed_from_wait_id,
         "started_at": attempt.started_at,
         "finished_at": attempt.finished_at,
+        "traceback": attempt.traceback,
     }
 
 

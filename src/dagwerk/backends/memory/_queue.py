@@ -100,6 +100,7 @@ class QueueMixin(MemoryStoreBase):
             if row.delivery_count >= self.max_deliveries:
                 self._bury(delivery_id, MAX_DELIVERIES_REASON, now, crash=True)
                 continue
+            offered_at = row.available_at
             row.lease_owner = worker_id
             row.lease_expires_at = row.available_at = now + lease
             row.delivery_count += 1
@@ -113,7 +114,7 @@ class QueueMixin(MemoryStoreBase):
                 # The worker that may claim it; a reclaiming lease keeps the
                 # worker that lost the attempt.
                 task.worker_id = worker_id
-            leased.append(_leased(delivery, row, worker_id))
+            leased.append(_leased(delivery, row, worker_id, offered_at))
         return leased
 
     def ack(self, delivery_id: str, worker_id: str) -> bool:
@@ -241,7 +242,9 @@ class QueueMixin(MemoryStoreBase):
         self._dead_lettered.append(TaskAttemptRef(task.task_id, task.attempt_id))
 
 
-def _leased(delivery: Delivery, row: QueueRow, worker_id: str) -> LeasedDelivery:
+def _leased(
+    delivery: Delivery, row: QueueRow, worker_id: str, offered_at: float
+) -> LeasedDelivery:
     assert row.lease_expires_at is not None
     return LeasedDelivery(
         delivery_id=delivery.delivery_id,
@@ -256,6 +259,7 @@ def _leased(delivery: Delivery, row: QueueRow, worker_id: str) -> LeasedDelivery
         delivery_count=row.delivery_count,
         worker_id=worker_id,
         lease_expires_at=row.lease_expires_at,
+        offered_at=offered_at,
     )
 
 

@@ -107,6 +107,7 @@ class RetentionMixin(ChildrenMixin, GatedMixin):
                 continue
             rows["tasks"] += 1
             rows["attempts"] += len(task.past_attempts)
+            rows["attempt_tracebacks"] += len(task.tracebacks)
             rows["steps"] += len(self._steps.pop(task_id, ()))
             for wait_id in task.wait_ids:
                 if self._waits.pop((task_id, wait_id), None) is not None:

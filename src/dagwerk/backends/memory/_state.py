@@ -98,6 +98,8 @@ class TaskState:
     # starts its delivery count here so poison tasks still dead-letter.
     lost_deliveries: int = 0
     past_attempts: list[AttemptRecord] = field(default_factory=list)
+    # The stored traceback of each of its attempts that has one, by attempt ID.
+    tracebacks: dict[str, str] = field(default_factory=dict)
     # Store times the current attempt was claimed and settled.
     started_at: float | None = None
     finished_at: float | None = None

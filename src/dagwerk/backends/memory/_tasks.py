@@ -3,6 +3,8 @@ resume, recover and task retry, plus the task and outbox views."""
 
 from __future__ import annotations
 
+import dataclasses
+
 from dagwerk.backends.requests import check_string
 from dagwerk.constants import RunStatus, TaskStatus
 from dagwerk.errors import PlanningError
@@ -91,7 +93,13 @@ class TasksMixin(MemoryStoreBase):
             task = self._tasks.get(task_id)
             if task is None:
                 return []
-            return [*task.past_attempts, current_attempt(task)]
+            attempts = [*task.past_attempts, current_attempt(task)]
+            if not task.tracebacks:
+                return attempts
+            return [
+                dataclasses.replace(a, traceback=task.tracebacks.get(a.attempt_id))
+                for a in attempts
+            ]
 
     def list_deliveries(self, run_id: str | None = None) -> list[Delivery]:
         with self._lock:

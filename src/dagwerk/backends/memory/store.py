@@ -19,6 +19,7 @@ from ._retention import RetentionMixin
 from ._runs import RunsMixin
 from ._schedules import SchedulesMixin
 from ._tasks import TasksMixin
+from ._tracebacks import TracebacksMixin
 from ._views import ViewsMixin
 from ._workers import WorkersMixin
 
@@ -37,6 +38,7 @@ class MemoryStore(
     WorkersMixin,
     FrontierMixin,
     LogsMixin,
+    TracebacksMixin,
     ViewsMixin,
 ):
     """Implements ``DagStore``, ``DagWaitStore``, ``DagRetryStore``,

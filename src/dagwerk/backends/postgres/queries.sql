@@ -362,6 +362,16 @@ SELECT attempt_id, number, status, error, worker_id, resumed_from_wait_id, start
        finished_at
 FROM dagwerk_attempts WHERE task_id = :task_id ORDER BY seq;
 
+-- name: attempt_tracebacks_of_task
+SELECT attempt_id, traceback FROM dagwerk_attempt_tracebacks WHERE task_id = :task_id;
+
+-- name: attempt_traceback_insert
+-- Only the task's current, RUNNING attempt; an attempt keeps its first traceback.
+INSERT INTO dagwerk_attempt_tracebacks (task_id, attempt_id, traceback)
+SELECT task_id, attempt_id, :traceback FROM dagwerk_tasks
+WHERE task_id = :task_id AND attempt_id = :attempt_id AND status = 'running'
+ON CONFLICT DO NOTHING;
+
 -- name: task_set_worker
 UPDATE dagwerk_tasks SET worker_id = :worker_id
 WHERE task_id = :task_id AND attempt_id = :attempt_id AND status = 'queued';
@@ -959,6 +969,11 @@ DELETE FROM dagwerk_recoveries WHERE task_id = ANY (ARRAY(
 
 -- name: retention_delete_attempts
 DELETE FROM dagwerk_attempts WHERE task_id = ANY (ARRAY(
+    SELECT task_id FROM dagwerk_tasks
+    WHERE run_id = ANY (ARRAY(SELECT jsonb_array_elements_text(CAST(:runs AS jsonb))))));
+
+-- name: retention_delete_attempt_tracebacks
+DELETE FROM dagwerk_attempt_tracebacks WHERE task_id = ANY (ARRAY(
     SELECT task_id FROM dagwerk_tasks
     WHERE run_id = ANY (ARRAY(SELECT jsonb_array_elements_text(CAST(:runs AS jsonb))))));
 

@@ -179,6 +179,8 @@ class ClaimAheadMixin(SqlStoreBase):
                 delivery_count=1,
                 worker_id=intent.worker_id,
                 lease_expires_at=cast(float, row["expires"]),
+                # Enqueued and claimed in one write.
+                offered_at=cast(float, row["started_at"]),
             )
             intent.claimed.append((leased, queued_task_row(row)))
         intent.room -= len(rows)

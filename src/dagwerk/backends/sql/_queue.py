@@ -511,6 +511,8 @@ def _leased(row: Row, worker_id: str, expires: float) -> LeasedDelivery:
         delivery_count=row["delivery_count"] + 1,
         worker_id=worker_id,
         lease_expires_at=expires,
+        # The row as it was before the lease.
+        offered_at=row["available_at"],
     )
 
 

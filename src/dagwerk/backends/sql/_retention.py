@@ -71,6 +71,7 @@ RUN_TABLES: Final = (
     RunTable("dagwerk_waits", "task_id"),
     RunTable("dagwerk_recoveries", "task_id"),
     RunTable("dagwerk_attempts", "task_id"),
+    RunTable("dagwerk_attempt_tracebacks", "task_id"),
     RunTable("dagwerk_deliveries", "run_id"),
     RunTable("dagwerk_dead_letters", "run_id"),
     RunTable("dagwerk_budget_holds", "run_id"),

@@ -3,6 +3,7 @@ task retry, plus the task and outbox views."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from collections.abc import Iterable, Mapping
 
@@ -172,7 +173,16 @@ class TasksMixin(SqlStoreBase):
             ]
             status = TaskStatus(task["status"])
             outcome = status if status in _OUTCOMES else None
-            return [*past, _attempt(task, task["attempt_number"], outcome)]
+            attempts = [*past, _attempt(task, task["attempt_number"], outcome)]
+            tracebacks = {
+                row["attempt_id"]: row["traceback"]
+                for row in tx.all("attempt_tracebacks_of_task", {"task_id": task_id})
+            }
+            if not tracebacks:
+                return attempts
+            return [
+                dataclasses.replace(a, traceback=tracebacks.get(a.attempt_id)) for a in attempts
+            ]
 
     def list_deliveries(self, run_id: str | None = None) -> list[Delivery]:
         with self._gw.read() as tx:

@@ -14,6 +14,7 @@ from ._retention import RetentionMixin
 from ._runs import RunsMixin
 from ._schedules import SchedulesMixin
 from ._tasks import TasksMixin
+from ._tracebacks import TracebacksMixin
 from ._views import ViewsMixin
 from ._waits import WaitsMixin
 from ._workers import WorkersMixin
@@ -36,6 +37,7 @@ class SqlStore(
     WorkersMixin,
     FrontierMixin,
     LogsMixin,
+    TracebacksMixin,
     ViewsMixin,
 ):
     """Implements ``DagStore``, ``DagWaitStore``, ``DagRetryStore``,

@@ -295,3 +295,11 @@ CREATE INDEX dagwerk_runs_finished ON dagwerk_runs (finished_at, run_id)
     WHERE finished_at IS NOT NULL;
 CREATE INDEX dagwerk_launches_run ON dagwerk_launches (run_id);
 CREATE INDEX dagwerk_dead_letters_task ON dagwerk_dead_letters (task_id);
+
+-- version 15: the traceback of each failed attempt.
+CREATE TABLE dagwerk_attempt_tracebacks (
+    task_id TEXT NOT NULL REFERENCES dagwerk_tasks (task_id),
+    attempt_id TEXT NOT NULL,
+    traceback TEXT NOT NULL,
+    PRIMARY KEY (task_id, attempt_id)
+) WITHOUT ROWID;
