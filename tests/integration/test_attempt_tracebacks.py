@@ -44,8 +44,8 @@ def test_every_failed_attempt_keeps_its_traceback_with_secrets_masked(
         engine.plugin("raises_chained")(plugins.raises_chained)
         node = DagNode(slug="c", plugin="raises_chained", retry=retry)
         run_id = _failed_run(engine, node, executor)
+        attempts = engine.list_attempts(engine.list_tasks(run_id)[0].task_id)
         (task,) = engine.list_tasks(run_id)
-        attempts = engine.list_attempts(task.task_id)
     assert [a.number for a in attempts] == [1, 2]
     for attempt in attempts:
         text = attempt.traceback
@@ -56,6 +56,9 @@ def test_every_failed_attempt_keeps_its_traceback_with_secrets_masked(
         assert "in raises_chained" in text and "in _deep_raise" in text
         assert text.endswith("ValueError: bad value ***")
         assert SECRET not in text
+        # The error text, of each attempt and of the task, is masked too.
+        assert attempt.error == "ValueError: bad value ***"
+    assert task.error == "ValueError: bad value ***"
 
 
 def test_a_huge_traceback_keeps_its_end_within_the_bound(tmp_path: Path) -> None:

@@ -17,7 +17,7 @@ from __future__ import annotations
 import logging
 import random
 from collections import deque
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 
 from dagwerk.budgets import BudgetExhaustedError
 from dagwerk.models import EmittedOutput
@@ -38,7 +38,7 @@ from dagwerk.runtime.observer import DeliveryReport, WorkerObserver, notify
 from dagwerk.runtime.outcomes import ExecutionOutcome, OutcomeKind
 from dagwerk.runtime.retry_policy import RetryPolicy
 from dagwerk.runtime.roles import WorkerStore
-from dagwerk.runtime.task_logs import TaskLogWriter
+from dagwerk.runtime.task_logs import TaskLogWriter, mask_secrets
 from dagwerk.runtime.tracebacks import attempt_traceback
 from dagwerk.runtime.traced import attempts_settled, attempts_settling
 from dagwerk.store import DagQueueStore, DelayedRetryStore, LeasedDelivery
@@ -126,16 +126,20 @@ class Settler:
         self._queue.nack(delivery.delivery_id, self._worker_id, delay=self._poll_interval)
         self.report(delivery, action, f"{type(error).__name__}: {error}")
 
-    def fail(self, delivery: LeasedDelivery, error: BaseException) -> None:
-        """Fail the task with ``error`` (its run's failure policy follows), then ack."""
+    def fail(
+        self, delivery: LeasedDelivery, error: BaseException, secrets: Iterable[str] = ()
+    ) -> None:
+        """Fail the task with ``error`` (its run's failure policy follows), then
+        ack; values of ``secrets`` in the error's text are masked."""
+        text = describe_error(error, secrets)
         on_task_failed(
             self._store,
             task_id=delivery.task_id,
             expected_attempt_id=delivery.attempt_id,
-            error_message=describe_error(error),
+            error_message=text,
             callbacks=self.callbacks,
         )
-        self.ack(delivery, "failed", describe_error(error))
+        self.ack(delivery, "failed", text)
 
     def crash_unreadable(self, delivery: LeasedDelivery, exc: BaseException) -> None:
         """The run became unreadable after the claim: the attempt is closed as
@@ -247,7 +251,8 @@ class Settler:
                 self.ack(delivery, "cancelled", reason or "")
         else:
             self._keep_traceback(attempt, outcome)
-            self._failed(delivery, outcome, attempt.task.attempt_number, attempt.policy)
+            secrets = () if attempt.ctx is None else tuple(attempt.ctx.secrets.values())
+            self._failed(delivery, outcome, attempt.task.attempt_number, attempt.policy, secrets)
 
     def _keep_traceback(self, attempt: Attempt, outcome: ExecutionOutcome) -> None:
         """Store the traceback of the plugin's exception, before the failure
@@ -262,8 +267,8 @@ class Settler:
             text = attempt_traceback(outcome.error, secrets, remote=outcome.traceback)
             if text is not None:
                 store.record_attempt_traceback(delivery.task_id, delivery.attempt_id, text)
-        except Exception:
-            _LOG.exception("storing the traceback of task %s failed", delivery.task_id)
+        except Exception as exc:
+            log_failure(self.faults, _LOG, exc, f"storing the traceback of task {delivery.task_id}")
 
     def _complete(self, delivery: LeasedDelivery, outcome: ExecutionOutcome) -> None:
         if not self.check_output(delivery, outcome.outputs):
@@ -305,36 +310,38 @@ class Settler:
         outcome: ExecutionOutcome,
         attempt: int,
         policy: RetryPolicy,
+        secrets: tuple[str, ...],
     ) -> None:
         error: BaseException
         if outcome.kind is OutcomeKind.TIMEOUT:
             error = TaskTimedOut(f"task timed out ({outcome.detail})")
         else:
             error = outcome.error or RuntimeError("Unknown error")
+        text = describe_error(error, secrets)
         if (
             outcome.retryable
             and self._retry_store is not None
             and policy.should_retry(error, attempt)
         ):
-            self._reserve_retry(self._retry_store, delivery, error, attempt, policy)
+            self._reserve_retry(self._retry_store, delivery, text, attempt, policy)
         elif outcome.kind is OutcomeKind.TIMEOUT:
             # A timeout that cannot be retried is recorded as a crash (decisions.md).
             on_task_crashed(
                 self._store,
                 task_id=delivery.task_id,
                 expected_attempt_id=delivery.attempt_id,
-                error_message=describe_error(error),
+                error_message=text,
                 callbacks=self.callbacks,
             )
-            self.ack(delivery, "timed_out", describe_error(error))
+            self.ack(delivery, "timed_out", text)
         else:
-            self.fail(delivery, error)
+            self.fail(delivery, error, secrets)
 
     def _reserve_retry(
         self,
         store: DelayedRetryStore,
         delivery: LeasedDelivery,
-        error: BaseException,
+        error_text: str,
         attempt: int,
         policy: RetryPolicy,
     ) -> None:
@@ -343,7 +350,7 @@ class Settler:
         delay = policy.next_delay(attempt, self._rng)
         new_attempt = store.try_fail_task_with_retry(
             delivery.task_id,
-            describe_error(error),
+            error_text,
             expected_attempt_id=delivery.attempt_id,
             available_at=self._clock.time() + delay,
         )
@@ -353,8 +360,12 @@ class Settler:
         self.ack(delivery, "retried", f"attempt {attempt} failed; retry in {delay:.3f}s")
 
 
-def describe_error(error: BaseException) -> str:
-    """An error as a task's stored error text."""
+def describe_error(error: BaseException, secrets: Iterable[str] = ()) -> str:
+    """An error as a task's stored error text, the values of ``secrets``
+    (the attempt's resolved secrets) masked as in its logs."""
     if isinstance(error, NonRetryableError | TaskTimedOut):
-        return str(error)
-    return f"{type(error).__name__}: {error}"
+        text = str(error)
+    else:
+        text = f"{type(error).__name__}: {error}"
+    ordered = sorted({s for s in secrets if s}, key=len, reverse=True)
+    return mask_secrets(text, ordered) if ordered else text
