@@ -52,7 +52,7 @@ def assert_one_line_at_once(result: subprocess.CompletedProcess[str], took: floa
     assert result.returncode == 1, result
     lines = result.stderr.splitlines()
     assert len(lines) == 1, result.stderr
-    assert lines[0].startswith("error: cannot connect to PostgreSQL: ")
+    assert lines[0].startswith("error: cannot connect to PostgreSQL at ")
     assert took < AT_ONCE
     return lines[0]
 

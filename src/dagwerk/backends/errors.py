@@ -14,14 +14,29 @@ __all__ = [
     "StoreCorruptError",
     "StoreFullError",
     "StoreReadOnlyError",
+    "StoreRejectedError",
     "StoreUnavailableError",
 ]
 
 
 class StoreUnavailableError(DagwerkError, RuntimeError):
-    """The database cannot serve the request; nothing was written."""
+    """The database cannot serve the request; nothing was written.
+
+    ``transient`` says whether the fault can clear without the user (a
+    server restarting, a lock released); False means it stays until the
+    user acts (a refused login, a schema newer than this dagwerk).
+    """
 
     code = "store_unavailable"
+    transient = True
+
+
+class StoreRejectedError(StoreUnavailableError):
+    """The database server refuses this client for good: the login, the
+    database name or an option of the store URL."""
+
+    code = "store_rejected"
+    transient = False
 
 
 class StoreBusyError(StoreUnavailableError):
@@ -52,3 +67,4 @@ class SchemaTooNewError(StoreUnavailableError):
     """The database was written by a newer dagwerk; this version refuses it."""
 
     code = "schema_too_new"
+    transient = False
