@@ -11,52 +11,21 @@ twice, and SIGTERM still stops each worker cleanly.
 
 from __future__ import annotations
 
-import os
-import shutil
-import subprocess
 import sys
-import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from pg_cluster import Cluster, private_cluster
 from pg_workers import WorkerProcess, fan_nodes, ledger_entries, open_store, until
 
 from dagwerk.constants import RUN_TERMINAL_STATUSES, RunStatus, TaskStatus
 from dagwerk.orchestrator import OrchestratorCallbacks, start_run
 
-ROOT = Path(__file__).resolve().parents[2]
-SCRIPT = ROOT / ".ci" / "postgres.sh"
 RUN_ID = "run-1"
 HOLDS = 16
 
 pytestmark = pytest.mark.skipif(sys.platform == "win32", reason="uses pg_ctl and SIGTERM")
-
-
-class Cluster:
-    def __init__(self, folder: Path, url: str) -> None:
-        self.folder = folder
-        self.url = url
-
-    def restart(self) -> None:
-        binaries = sorted(Path("/usr/lib/postgresql").glob("*/bin"))
-        pg_ctl = str(binaries[-1] / "pg_ctl") if binaries else shutil.which("pg_ctl") or "pg_ctl"
-        command = [
-            pg_ctl,
-            "-D",
-            str(self.folder / "data"),
-            "-l",
-            str(self.folder / "server.log"),
-            "-m",
-            "fast",
-            "-w",
-            "-t",
-            "60",
-            "restart",
-        ]
-        if os.getuid() == 0:  # as .ci/postgres.sh does: the server runs as postgres
-            command = ["runuser", "-u", "postgres", "--", *command]
-        subprocess.run(command, check=True, capture_output=True, timeout=120)
 
 
 @pytest.fixture
@@ -64,25 +33,8 @@ def cluster(postgres_url: str) -> Iterator[Cluster]:
     """A cluster of this test's own (``postgres_url`` only gates the test:
     without a server in reach outside CI it is skipped like the others)."""
     del postgres_url
-    folder = Path(tempfile.mkdtemp(prefix="dagwerk-pg-restart-"))
-    folder.chmod(0o755)  # the server's user must reach its data directory
-    try:
-        started = subprocess.run(
-            ["bash", str(SCRIPT), "start", str(folder)],
-            check=True,
-            capture_output=True,
-            text=True,
-            timeout=300,
-        )
-        yield Cluster(folder, started.stdout.strip())
-    finally:
-        subprocess.run(
-            ["bash", str(SCRIPT), "stop", str(folder)],
-            check=False,
-            capture_output=True,
-            timeout=120,
-        )
-        shutil.rmtree(folder, ignore_errors=True)
+    with private_cluster() as made:
+        yield made
 
 
 def _noop(run_id: str) -> None:
