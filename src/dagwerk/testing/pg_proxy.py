@@ -20,28 +20,40 @@ __all__ = ["Cut", "DelayProxy"]
 class Cut:
     """A rule of :meth:`DelayProxy.cut_after`: cut the first connection whose
     client sends ``marker``, at the client's ``chunk``-th write counted from
-    the one that holds the marker (0). ``forward``: the server still gets
-    that write and its answer is lost (a cut after the server acted);
-    otherwise the write is dropped (a cut before it). ``fired`` is set when
-    the cut happens."""
+    the one that holds the marker (0), or with ``at`` at the first write
+    from there that holds ``at``. ``forward``: the server still gets that
+    write, then the end of the stream, and its answers are lost (a cut after
+    the server acted); otherwise the write is dropped (a cut before it).
+    ``fired`` is set when the cut happens."""
 
     marker: bytes
     chunk: int
     forward: bool
+    at: bytes | None = None
+    until: bytes | None = None
+    """With ``at``: a write that holds this (and not ``marker``) before the
+    one that holds ``at`` forgets the connection until ``marker`` comes
+    again (so that ``at`` is looked for in one transaction)."""
     fired: threading.Event = field(default_factory=threading.Event)
+    ended: threading.Event = field(default_factory=threading.Event)
+    """Set once the server ended the cut connection's session, so that what
+    it did with the last write is visible (or never will be)."""
     _seen: dict[int, int] = field(default_factory=dict)
 
     def due(self, relay: int, data: bytes) -> bool:
         """Whether ``data``, the next write of the client of ``relay``, is cut."""
         if self.fired.is_set():
             return False
-        if relay not in self._seen:
+        if relay not in self._seen or (self.at is not None and self.marker in data):
             if self.marker not in data:
                 return False
-            self._seen[relay] = 0
+            self._seen[relay] = 0  # with ``at``: from the latest marker on
+        elif self.at is not None and self.until is not None and self.until in data:
+            del self._seen[relay]
+            return False
         else:
             self._seen[relay] += 1
-        if self._seen[relay] < self.chunk:
+        if self._seen[relay] < self.chunk or (self.at is not None and self.at not in data):
             return False
         self.fired.set()
         return True
@@ -90,12 +102,25 @@ class DelayProxy:
         self._loop.call_soon_threadsafe(self._stop.set)
         self._thread.join(10)
 
-    def cut_after(self, marker: bytes, chunk: int = 0, *, forward: bool = False) -> Cut:
+    def cut_after(
+        self,
+        marker: bytes,
+        chunk: int = 0,
+        *,
+        forward: bool = False,
+        at: bytes | None = None,
+        until: bytes | None = None,
+    ) -> Cut:
         """Arm a one-shot :class:`Cut` (replacing an unfired one)."""
-        rule = Cut(marker, chunk, forward)
+        rule = Cut(marker, chunk, forward, at, until)
         with self._lock:
             self._cut = rule
         return rule
+
+    def disarm(self) -> None:
+        """Drop the armed cut, fired or not."""
+        with self._lock:
+            self._cut = None
 
     def cut_all(self) -> None:
         """Close every connection through the proxy now, both ways (new ones
@@ -116,6 +141,7 @@ class DelayProxy:
         server_last = [True]
         pending: asyncio.Queue[tuple[float, bytes]] = asyncio.Queue()
         cut = asyncio.Event()
+        fired: list[Cut] = []
         with self._lock:
             relay, self._next_relay = self._next_relay, self._next_relay + 1
             self._relays[relay] = (client_out, server_out)
@@ -128,13 +154,16 @@ class DelayProxy:
                     due = rule is not None and rule.due(relay, data)
                 if due:
                     assert rule is not None
+                    fired.append(rule)
                     cut.set()
                     client_out.transport.abort()
                     if rule.forward:
-                        # The server gets the write; its answer, which ends
-                        # the relay (see downstream), is lost.
+                        # The server gets the write, then the end of the
+                        # stream: it acts on what it got, in order, and
+                        # ends the session; its answers are lost.
                         server_out.write(data)
                         await server_out.drain()
+                        server_out.write_eof()
                     else:
                         server_out.transport.abort()
                     return
@@ -145,8 +174,7 @@ class DelayProxy:
         async def downstream() -> None:
             while data := await server_in.read(65536):
                 if cut.is_set():
-                    server_out.close()
-                    break
+                    continue  # lost with the cut connection
                 await pending.put((time.monotonic() + self.delay, data))
             await pending.put((0.0, b""))
 
@@ -174,6 +202,8 @@ class DelayProxy:
                 self._relays.pop(relay, None)
             server_out.close()
             client_out.close()
+            for rule in fired:
+                rule.ended.set()
 
     @contextmanager
     def count(self) -> Iterator[list[int]]:
