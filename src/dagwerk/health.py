@@ -12,7 +12,11 @@ a health document from a background thread. ``/healthz`` answers 200 with
   lease for more than ``lease_stale_after`` seconds: its worker died or hung
   and no live worker with its plugin took it over;
 - (likewise) deliveries are deliverable and no worker is live: none seen
-  for N s, or none ever.
+  for N s, or none ever;
+- a worker of this process waits out a store fault (a full disk, a
+  read-only file, a server that went away; :mod:`dagwerk.runtime.faults`):
+  the document's ``fault`` holds its code, its one line, since when and how
+  many operations it failed, until the store answers again (``null`` then).
 
 Binding to anything but the loopback address is an explicit choice of the
 caller (``host=``); metrics can reveal node and plugin names.
@@ -27,9 +31,11 @@ from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
+from dagwerk.backends.errors import StoreUnavailableError
 from dagwerk.metrics import CONTENT_TYPE, Metrics
 from dagwerk.runtime.backstop import Backstop, BackstopReport
 from dagwerk.runtime.clock import Clock, SystemClock
+from dagwerk.runtime.faults import FaultGate, describe_fault
 from dagwerk.runtime.observer import WorkerObserver
 from dagwerk.store import QueueForecastStore, WorkerPresenceStore
 
@@ -56,6 +62,8 @@ class HealthState(WorkerObserver):
     started_at: float = 0.0
     presence: WorkerPresenceStore | None = field(default=None, init=False)
     forecast: QueueForecastStore | None = field(default=None, init=False)
+    faults: list[FaultGate] = field(default_factory=list)
+    """The fault gates of the workers this process runs."""
 
     def __post_init__(self) -> None:
         self.started_at = self.clock.time()
@@ -82,6 +90,9 @@ class HealthState(WorkerObserver):
         try:
             self.store.get_run_status(_PROBE_RUN)
             reachable = True
+        except StoreUnavailableError as exc:
+            reachable = False
+            problems.append(f"database unreachable: {describe_fault(exc)}")
         except Exception as exc:
             reachable = False
             problems.append(f"database unreachable: {type(exc).__name__}: {exc}")
@@ -108,11 +119,31 @@ class HealthState(WorkerObserver):
             "backstop_enabled": backstop is not None and backstop.enabled,
             "backstop_age_seconds": backstop_age,
         }
+        document["fault"] = self._fault(problems)
         if reachable and self.presence is not None:
             document.update(self._workers(self.presence, problems))
         document["status"] = "ok" if not problems else "unhealthy"
         document["problems"] = problems
         return not problems, document
+
+    def _fault(self, problems: list[str]) -> dict[str, object] | None:
+        """The store fault a worker waits out (the oldest); appends its problem."""
+        lasting = [(gate, gate.current) for gate in self.faults if gate.current is not None]
+        if not lasting:
+            return None
+        gate, fault = min(lasting, key=lambda pair: pair[1].since if pair[1] else 0.0)
+        assert fault is not None
+        seconds = fault.lasted(gate.now())
+        problems.append(f"store fault for {seconds:.0f}s: {fault.line}")
+        return {
+            "code": fault.code,
+            "kind": fault.kind.value,
+            "line": fault.line,
+            "since": fault.since,
+            "seconds": seconds,
+            "failures": fault.failures,
+            "held_settlements": gate.parked,
+        }
 
     def _workers(self, presence: WorkerPresenceStore, problems: list[str]) -> dict[str, object]:
         """The worker part of the document; appends its problems."""

@@ -2,6 +2,9 @@
 
 A backend never lets a driver exception escape; it raises one of these
 instead, so callers can react to ``code`` without knowing the database.
+``target`` names what failed (a database file's path, a server), where the
+backend knows it; :mod:`dagwerk.runtime.faults` says which codes pass by
+themselves and which end a worker.
 """
 
 from __future__ import annotations
@@ -11,6 +14,7 @@ from dagwerk.errors import DagwerkError
 __all__ = [
     "SchemaTooNewError",
     "StoreBusyError",
+    "StoreCannotOpenError",
     "StoreCorruptError",
     "StoreFullError",
     "StoreReadOnlyError",
@@ -38,6 +42,19 @@ class StoreRejectedError(StoreUnavailableError):
     code = "store_rejected"
     transient = False
 
+    def __init__(
+        self,
+        message: str,
+        *,
+        target: str | None = None,
+        code: str | None = None,
+        field: str | None = None,
+        limit: int | None = None,
+    ) -> None:
+        super().__init__(message, code=code, field=field, limit=limit)
+        self.target = target
+        """The database file's path or the server, where the backend knows it."""
+
 
 class StoreBusyError(StoreUnavailableError):
     """The database stayed locked by other writers past the busy timeout."""
@@ -49,6 +66,13 @@ class StoreCorruptError(StoreUnavailableError):
     """The file is not a dagwerk database, or it is damaged."""
 
     code = "store_corrupt"
+
+
+class StoreCannotOpenError(StoreUnavailableError):
+    """The database cannot be opened at all: access to the file or its
+    directory is denied, or the directory does not exist."""
+
+    code = "store_cannot_open"
 
 
 class StoreReadOnlyError(StoreUnavailableError):

@@ -6,7 +6,11 @@ pipeline file gets one such line per problem), never as a traceback unless
 prints its error as a JSON object on stdout instead
 (``{"error": {"message": ..., "code": ..., "exit_code": ...}}``). Exit codes:
 0 success, 1 a failure that is not the input's fault, 2 invalid input
-(usage errors, invalid pipeline files, anything raised as ``ValueError``).
+(usage errors, invalid pipeline files, anything raised as ``ValueError``)
+and fatal store faults (a database that cannot be opened, is damaged or has
+a schema newer than this dagwerk). A store fault is one line saying what
+failed, where, and what to do (:func:`dagwerk.runtime.faults.describe_fault`).
+``--debug`` is accepted after the command name too (``dagwerk worker --debug``).
 """
 
 from __future__ import annotations
@@ -23,6 +27,7 @@ from typing import Any, Final
 import click
 
 __all__ = [
+    "DEBUG",
     "EXIT_FAILURE",
     "EXIT_INVALID",
     "JSON_OUTPUT",
@@ -39,6 +44,9 @@ __all__ = [
 
 EXIT_FAILURE: Final = 1
 EXIT_INVALID: Final = 2
+
+DEBUG: Final = "dagwerk.debug"
+"""The ``click.Context.meta`` key a command's own ``--debug`` sets."""
 
 JSON_OUTPUT: Final = "dagwerk.json_output"
 """The ``click.Context.meta`` key a command's ``--json`` sets: errors are JSON then."""
@@ -150,8 +158,13 @@ def error_code(error: BaseException) -> str:
 
 def describe_error(error: BaseException) -> tuple[str, int]:
     """The one-line message and exit code for an exception a command raised."""
+    from dagwerk.backends.errors import StoreUnavailableError
     from dagwerk.errors import DagwerkError
+    from dagwerk.runtime.faults import FaultKind, classify, describe_fault
 
+    if isinstance(error, StoreUnavailableError):
+        fatal = classify(error) is FaultKind.FATAL
+        return safe_line(describe_fault(error)), EXIT_INVALID if fatal else EXIT_FAILURE
     if isinstance(error, ValueError):
         return safe_line(str(error) or type(error).__name__), EXIT_INVALID
     if isinstance(error, DagwerkError):
@@ -184,7 +197,7 @@ class DagwerkGroup(click.Group):
                 ) from error
             raise
         except Exception as error:
-            if ctx.params.get("debug"):
+            if ctx.params.get("debug") or ctx.meta.get(DEBUG):
                 raise
             message, exit_code = describe_error(error)
             problems = problem_lines(error)

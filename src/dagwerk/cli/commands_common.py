@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 import click
 
-from dagwerk.cli.app import EXIT_FAILURE, JSON_OUTPUT, InvalidInputError, safe_line
+from dagwerk.cli.app import DEBUG, EXIT_FAILURE, JSON_OUTPUT, InvalidInputError, safe_line
 
 if TYPE_CHECKING:
     from dagwerk.constants import RunStatus
@@ -28,6 +28,8 @@ if TYPE_CHECKING:
 __all__ = [
     "DEFAULT_DB",
     "db_option",
+    "debug_option",
+    "debugging",
     "echo_json",
     "exit_code_for",
     "format_time",
@@ -151,6 +153,33 @@ def _note_json(ctx: click.Context, param: click.Parameter, value: bool) -> bool:
     if value:
         ctx.meta[JSON_OUTPUT] = True
     return value
+
+
+def _note_debug(ctx: click.Context, param: click.Parameter, value: bool) -> bool:
+    if value:
+        ctx.meta[DEBUG] = True
+    return value
+
+
+def debug_option(fn: F) -> F:
+    """``--debug`` after the command name: as ``dagwerk --debug COMMAND``."""
+    return click.option(
+        "--debug",
+        "debug",
+        is_flag=True,
+        is_eager=True,
+        expose_value=False,
+        callback=_note_debug,
+        help="Show full tracebacks (errors and store faults) instead of one line.",
+    )(fn)
+
+
+def debugging() -> bool:
+    """Whether ``--debug`` was given, before or after the command name."""
+    ctx = click.get_current_context(silent=True)
+    if ctx is None:
+        return False
+    return bool(ctx.meta.get(DEBUG) or ctx.find_root().params.get("debug"))
 
 
 def json_option(fn: F) -> F:
@@ -321,10 +350,15 @@ class _EchoHandler(logging.Handler):
 def task_logging(level_name: str) -> Iterator[None]:
     """Show task loggers (``dagwerk.task.*``, a plugin's ``ctx.logger``) from
     ``level_name`` and dagwerk's own loggers from WARNING (DEBUG with
-    ``debug``) on stderr while the block runs; ``off`` shows none."""
+    ``debug``) on stderr while the block runs; ``off`` shows none. With
+    ``--debug`` a store fault's line carries its traceback."""
     dagwerk_logger = logging.getLogger("dagwerk")
     task_logger = logging.getLogger("dagwerk.task")
+    faults_logger = logging.getLogger("dagwerk.runtime.faults")
     saved = (dagwerk_logger.level, task_logger.level, dagwerk_logger.propagate)
+    saved_faults = faults_logger.level
+    if debugging():
+        faults_logger.setLevel(logging.DEBUG)
     handler: logging.Handler = _EchoHandler()
     handler.setFormatter(
         logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s", "%H:%M:%S")
@@ -345,6 +379,7 @@ def task_logging(level_name: str) -> Iterator[None]:
         yield
     finally:
         dagwerk_logger.removeHandler(handler)
+        faults_logger.setLevel(saved_faults)
         dagwerk_logger.setLevel(saved[0])
         task_logger.setLevel(saved[1])
         dagwerk_logger.propagate = saved[2]

@@ -90,6 +90,7 @@ def start_health_server(
     metrics, health = engine.monitoring(backstop)
     for serving in workers:
         serving.observers.extend([metrics, health])
+        health.faults.append(serving.faults)
         if health.backstop is None:
             health.backstop = serving.backstop
     server = HealthServer(metrics, health, port=port, host=host).start()

@@ -13,10 +13,11 @@ from typing import TYPE_CHECKING
 
 import click
 
-from dagwerk.cli.app import InvalidInputError, safe_line
+from dagwerk.cli.app import EXIT_INVALID, InvalidInputError, cli_error, safe_line
 from dagwerk.cli.commands_common import (
     DEFAULT_DB,
     db_option,
+    debug_option,
     echo_json,
     exit_code_for,
     is_terminal,
@@ -189,7 +190,15 @@ def _interrupted(engine: Engine, run_id: str, db: str, pipeline_file: str) -> No
 @_queue_option
 @click.option("--timeout", type=click.FloatRange(min=0, min_open=True), help="Give up after S s.")
 @click.option("--run-id", help="Use this run ID (default: a fresh one).")
+@click.option(
+    "--fail-on-fault",
+    type=click.FloatRange(min=0),
+    metavar="S",
+    help="Exit 1 once a store fault (disk full, read-only, server gone) lasted S s "
+    "(default: wait it out).",
+)
 @log_level_option
+@debug_option
 @json_option
 def run(
     *,
@@ -205,6 +214,7 @@ def run(
     run_id: str | None,
     as_json: bool,
     log_level: str = "info",
+    fail_on_fault: float | None = None,
 ) -> None:
     """Run a pipeline file to the end in this process and print the result.
 
@@ -214,6 +224,9 @@ def run(
     in --db, so `dagwerk show` and `dagwerk retry` work on it afterwards.
     A task that waits is named with the `dagwerk resume` command that
     resumes it; Ctrl-C (exit 130) leaves the run running for a worker.
+    A store fault that may pass (a full disk, a read-only file) is waited
+    out and shown in the progress line (--fail-on-fault S: exit 1 after S
+    s of it); one that does not (permission denied, a newer schema) exits 2.
 
     Its workers take this run's tasks first, then other tasks of the
     database whose plugin they have (with --queue: of those queues only);
@@ -247,6 +260,7 @@ def run(
                     timeout=timeout,
                     run_id=run_id,
                     queues=list(queues) or None,
+                    fail_on_fault=fail_on_fault,
                 )
             else:
                 waits = _WaitNotices(engine, db, lambda line: click.echo(line, err=as_json))
@@ -259,6 +273,7 @@ def run(
                     run_id=run_id,
                     on_progress=_PlainProgress(err=as_json, waits=waits),
                     queues=list(queues) or None,
+                    fail_on_fault=fail_on_fault,
                 )
         except KeyboardInterrupt:
             _interrupted(engine, run_id, db, pipeline_file)
@@ -281,6 +296,7 @@ def _run_with_live_display(
     timeout: float | None,
     run_id: str | None,
     queues: list[str] | None,
+    fail_on_fault: float | None,
 ) -> RunResult:
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn
 
@@ -307,6 +323,7 @@ def _run_with_live_display(
             run_id=run_id,
             on_progress=update,
             queues=queues,
+            fail_on_fault=fail_on_fault,
         )
 
 
@@ -431,6 +448,7 @@ def submit(
     help="Seconds between scheduler passes (0: this worker fires no schedules).",
 )
 @log_level_option
+@debug_option
 def worker(
     *,
     db: str,
@@ -459,6 +477,12 @@ def worker(
     and leaves the others to workers that have them. With --burst it exits
     when nothing it serves is deliverable now or due within --burst-horizon
     seconds (a retry waiting on its backoff is waited for).
+
+    A store fault that may pass (a full disk, a read-only file, a server
+    that went away) is logged once (then at most every 30 s, with a count)
+    and waited out with a backoff of up to 5 s, claiming no new work; the
+    worker resumes by itself. One that does not (permission denied, a
+    schema newer than this dagwerk, a damaged database) exits 2.
 
     \b
     Examples:
@@ -533,14 +557,22 @@ def worker(
                 f"(concurrency {concurrency}, {executor}); Ctrl-C to stop",
                 err=True,
             )
+            # A fatal fault is said here, as the command's error.
+            serving.faults.report_fatal = False
             serving.start()
-            while not stop.wait(0.5):
+            while not stop.wait(0.5) and serving.faults.fatal is None:
                 pass
-            click.echo(f"worker {serving.worker_id}: stopping", err=True)
+            fatal = serving.faults.fatal
+            if fatal is None:
+                click.echo(f"worker {serving.worker_id}: stopping", err=True)
             serving.stop()
         finally:
             for sig, handler in previous.items():
                 signal.signal(sig, handler)
             if health_server is not None:
                 health_server.stop()
+        if fatal is not None:
+            from dagwerk.runtime.faults import describe_fault
+
+            raise cli_error(describe_fault(fatal), EXIT_INVALID, code=fatal.code)
         click.echo(f"worker {serving.worker_id}: stopped", err=True)

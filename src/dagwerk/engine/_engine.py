@@ -11,6 +11,7 @@ database.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import hashlib
 import threading
 import time
@@ -21,6 +22,7 @@ from pathlib import Path
 from types import TracebackType
 from typing import TYPE_CHECKING, Any
 
+from dagwerk.backends.errors import StoreUnavailableError
 from dagwerk.budgets import Budget
 from dagwerk.capabilities import StoreCapabilities
 from dagwerk.constants import (
@@ -49,6 +51,7 @@ from dagwerk.runtime.backstop import (
     check_backstop_interval,
 )
 from dagwerk.runtime.errors import UnknownPluginError
+from dagwerk.runtime.faults import FaultGate, FaultKind, FaultLastedError, classify
 from dagwerk.runtime.plugins import CostEstimateFn, PluginFn
 from dagwerk.runtime.retry_policy import RetryPolicy
 from dagwerk.runtime.worker import Worker
@@ -460,33 +463,59 @@ class Engine(ScheduleMethods, ViewMethods):
         timeout: float | None = None,
         *,
         on_progress: ProgressCallback | None = None,
+        faults: FaultGate | None = None,
+        fail_on_fault: float | None = None,
     ) -> RunResult:
         """Block until the run is terminal and return its result.
 
         Needs workers running somewhere. ``on_progress`` receives a
         :class:`RunProgress` at every poll. Past ``timeout`` seconds it raises
         :class:`RunWaitTimeoutError`; the run itself is never touched.
+
+        With the ``faults`` of the worker that serves the run, the progress
+        carries the store fault it waits out, a transient fault of a read
+        here is waited out too, a fatal fault of the worker is raised, and
+        a fault that lasted ``fail_on_fault`` seconds raises
+        :class:`~dagwerk.runtime.faults.FaultLastedError`.
         """
         deadline = None if timeout is None else time.monotonic() + timeout
         pause = threading.Event()
         while True:
-            if on_progress is not None:
-                progress = self.progress(run_id)
-                on_progress(progress)
-                status = progress.status
-            else:
-                found = self._store.get_run_status(run_id)
-                if found is None:
-                    raise RunNotFoundError(f"run {run_id!r} does not exist", field="run_id")
-                status = found
+            status: RunStatus | None = None
+            try:
+                status = self._poll(run_id, on_progress, faults)
+            except StoreUnavailableError as error:
+                if faults is None or classify(error) is not FaultKind.TRANSIENT:
+                    raise
+                faults.note(error, f"reading run {run_id}")
+            if faults is not None:
+                _check_faults(faults, fail_on_fault)
             if status in RUN_TERMINAL_STATUSES:
                 return self.result(run_id)
             if deadline is not None and time.monotonic() >= deadline:
+                still = "unreadable" if status is None else status.value
                 raise RunWaitTimeoutError(
-                    f"run {run_id!r} is still {status.value} after {timeout}s",
+                    f"run {run_id!r} is still {still} after {timeout}s",
                     field="timeout",
                 )
             pause.wait(self.poll_interval)
+
+    def _poll(
+        self, run_id: str, on_progress: ProgressCallback | None, faults: FaultGate | None
+    ) -> RunStatus:
+        if on_progress is None:
+            found: RunStatus | None = self._store.get_run_status(run_id)
+            if found is None:
+                raise RunNotFoundError(f"run {run_id!r} does not exist", field="run_id")
+            return found
+        progress = self.progress(run_id)
+        fault = None if faults is None else faults.current
+        if faults is not None and fault is not None:
+            progress = dataclasses.replace(
+                progress, fault=fault.line, fault_seconds=fault.lasted(faults.now())
+            )
+        on_progress(progress)
+        return progress.status
 
     def run(
         self,
@@ -501,6 +530,7 @@ class Engine(ScheduleMethods, ViewMethods):
         on_progress: ProgressCallback | None = None,
         budgets: Budget | None = None,
         queues: Sequence[str] | None = None,
+        fail_on_fault: float | None = None,
     ) -> RunResult:
         """Submit the run and work it in this process until it is terminal.
 
@@ -511,7 +541,10 @@ class Engine(ScheduleMethods, ViewMethods):
         pipeline's ``plugins`` modules are imported first, and every node's
         plugin must resolve (:meth:`check_plugins`) before anything is
         stored. Raises :class:`RunWaitTimeoutError` after ``timeout``
-        seconds, leaving the run as it is.
+        seconds, leaving the run as it is. The worker waits out a transient
+        store fault (the progress names it); a fatal one is raised, and one
+        that lasted ``fail_on_fault`` seconds raises
+        :class:`~dagwerk.runtime.faults.FaultLastedError` (see :meth:`wait`).
         """
         self.check_plugins(nodes)
         run_id = self.submit(
@@ -523,9 +556,17 @@ class Engine(ScheduleMethods, ViewMethods):
             prefer_run=run_id,
             queues=None if queues is None else list(queues),
         )
+        # The fatal fault is raised to the caller, who says it.
+        worker.faults.report_fatal = False
         worker.start()
         try:
-            return self.wait(run_id, timeout, on_progress=on_progress)
+            return self.wait(
+                run_id,
+                timeout,
+                on_progress=on_progress,
+                faults=worker.faults,
+                fail_on_fault=fail_on_fault,
+            )
         finally:
             worker.stop()
             self._workers.remove(worker)
@@ -691,3 +732,18 @@ class Engine(ScheduleMethods, ViewMethods):
         )
         self._workers.append(worker)
         return worker
+
+
+def _check_faults(faults: FaultGate, fail_on_fault: float | None) -> None:
+    """Raise the worker's fatal fault, or a fault that lasted ``fail_on_fault`` s."""
+    if faults.fatal is not None:
+        raise faults.fatal
+    fault = faults.current
+    if fault is None or fail_on_fault is None:
+        return
+    lasted = fault.lasted(faults.now())
+    if lasted >= fail_on_fault:
+        raise FaultLastedError(
+            f"{fault.line} (the fault lasted {lasted:.0f}s, at most {fail_on_fault:g}s allowed)",
+            field="fail_on_fault",
+        )

@@ -81,6 +81,10 @@ class RunProgress:
     nodes_settled: int
     tasks: Mapping[TaskStatus, int]
     error: str | None = None
+    fault: str | None = None
+    """The store fault the run's worker waits out (its one line), if any."""
+    fault_seconds: float = 0.0
+    """How long that fault has lasted."""
 
     def count(self, status: TaskStatus) -> int:
         return self.tasks.get(status, 0)
@@ -99,10 +103,15 @@ class RunProgress:
         for status in (TaskStatus.WAITING, TaskStatus.FAILED, TaskStatus.CRASHED):
             if self.count(status):
                 parts.append(f"{self.count(status)} {status.value}")
-        return (
+        line = (
             f"{self.status.value}: nodes {self.nodes_settled}/{self.nodes_total}, "
             f"tasks {', '.join(parts)}"
         )
+        if self.fault is not None:
+            # Without the fault's age: a plain display prints a changed line,
+            # and the fault's own log lines say how long it lasts.
+            line += f"; waiting out a store fault: {self.fault}"
+        return line
 
 
 def read_progress(store: Any, run_id: str) -> RunProgress:

@@ -3,8 +3,10 @@
 One thread runs the step, so at most one step is in flight however many
 observers wait for runs. Observers only watch: their aborts and deadlines
 remove them and never touch the run. A failing step is queue-wide: it is
-logged and backed off, and observers keep waiting. ``stop`` closes admission
-at once, settles pending observers and waits only for the step in flight.
+logged and backed off, and observers keep waiting; with a fault gate
+(:mod:`dagwerk.runtime.faults`) a store fault is the gate's to log and to
+back off, and a fatal one ends the loop. ``stop`` closes admission at once,
+settles pending observers and waits only for the step in flight.
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ from enum import StrEnum
 from dagwerk.constants import RunStatus
 from dagwerk.runtime.clock import Clock, SystemClock
 from dagwerk.runtime.errors import AdvancementWaitError, RunAdvancementStoppedError
+from dagwerk.runtime.faults import FaultGate
 
 __all__ = ["ActorState", "AdvancementActor", "LoopHandedOver"]
 
@@ -63,6 +66,10 @@ class AdvancementActor:
     serving a queue). Idle backoff starts at ``idle_backoff_min`` and doubles
     up to ``idle_backoff_max``; a processed step resets it; a failed step backs
     off ``error_backoff``. New demand wakes a sleeping actor.
+
+    ``faults`` is told of every error a step raises; a store fault is not
+    logged here, the loop pauses for as long as the gate says (new demand
+    does not cut that pause short), and a fatal fault ends the loop.
     """
 
     def __init__(
@@ -77,6 +84,7 @@ class AdvancementActor:
         error_backoff: float = 0.5,
         step_waits: float = 0.0,
         logger: logging.Logger = _LOG,
+        faults: FaultGate | None = None,
     ) -> None:
         self._step = step
         self._read_status = read_status
@@ -89,6 +97,7 @@ class AdvancementActor:
         # backoff, and sleeping on top of it only delays the next work.
         self._step_waits = step_waits
         self._log = logger
+        self._faults = faults
         self._lock = threading.Lock()
         self._wake = threading.Event()
         self._observers: list[_Observer] = []
@@ -295,14 +304,26 @@ class AdvancementActor:
             except LoopHandedOver:
                 handed_over = True
                 raise  # the step is not over: it goes on in another thread
-            except Exception:
-                self._log.exception("Worker step threw during run advancement.")
+            except Exception as exc:
+                if self._faults is None or not self._faults.note(exc, "the worker's step"):
+                    self._log.exception("Worker step threw during run advancement.")
                 processed, delay, failed = False, self._error_backoff, True
             else:
                 delay = backoff
             finally:
                 if not handed_over:
                     self.steps_in_flight -= 1
+            if self._faults is not None:
+                if self._faults.fatal is not None:
+                    self._end_for_fault()
+                    return
+                pause = self._faults.pause()
+                if pause > 0:
+                    self._settle_observers()
+                    self._pause(pause)
+                    continue
+                if failed:
+                    delay = self._error_backoff
             if processed:
                 backoff = self._idle_min
                 continue
@@ -314,6 +335,32 @@ class AdvancementActor:
                 return
             self._clock.wait(self._wake, delay)
             backoff = min(backoff * 2, self._idle_max)
+
+
+    def _pause(self, seconds: float) -> None:
+        """Wait ``seconds`` (a fault's backoff); only ``stop`` ends it early."""
+        deadline = self._clock.monotonic() + seconds
+        while self._state is ActorState.RUNNING:
+            remaining = deadline - self._clock.monotonic()
+            if remaining <= 0:
+                return
+            self._wake.clear()
+            if self._state is not ActorState.RUNNING:
+                return
+            self._clock.wait(self._wake, remaining)
+
+    def _end_for_fault(self) -> None:
+        """A fatal store fault: admission closes and the observers learn why."""
+        with self._lock:
+            if self._state is ActorState.RUNNING:
+                self._state = ActorState.STOPPING
+            observers, self._observers = self._observers, []
+        fatal = self._faults.fatal if self._faults is not None else None
+        error = AdvancementWaitError(
+            f"the worker stopped: {fatal}", code="runtime_advancement_stopped"
+        )
+        for observer in observers:
+            observer.settle(None, error)
 
 
 def _stopped_error() -> AdvancementWaitError:

@@ -30,6 +30,7 @@ from dagwerk.orchestrator import OrchestratorCallbacks
 from dagwerk.runtime.actor import AdvancementActor
 from dagwerk.runtime.backstop import Backstop
 from dagwerk.runtime.clock import Clock
+from dagwerk.runtime.faults import FaultGate
 from dagwerk.runtime.monitor import AttemptMonitor
 from dagwerk.runtime.observer import WorkerObserver, notify
 from dagwerk.runtime.presence import Presence
@@ -49,7 +50,9 @@ class Background:
 
     ``serve(wait_seconds)`` handles one batch and returns how many rows it
     leased (the worker's ``process_once``); ``served`` names the plugins the
-    worker leases rows of.
+    worker leases rows of. ``faults`` is the worker's fault gate: a step
+    first commits the settlements it holds, and claims nothing while they
+    still fail.
     """
 
     def __init__(
@@ -67,15 +70,19 @@ class Background:
         clock: Clock,
         callbacks: OrchestratorCallbacks,
         observers: Sequence[WorkerObserver],
+        faults: FaultGate,
     ) -> None:
         self._serve = serve
+        self.faults = faults
         self._observers = observers
         self._idle_wait = settings.idle_seconds
         presence = capabilities.presence
         self.presence: Presence | None = (
             None
             if presence is None
-            else Presence(presence, worker_id, plugins=served, queues=settings.queues)
+            else Presence(
+                presence, worker_id, plugins=served, queues=settings.queues, faults=faults
+            )
         )
         self.sweeper = StaleSweeper(
             store,
@@ -97,6 +104,7 @@ class Background:
                 holder=worker_id,
                 callbacks=callbacks,
                 on_report=lambda report: notify(self._observers, "backstop_finished", report),
+                faults=faults,
             )
         self.monitor = AttemptMonitor(
             status.safe,
@@ -105,6 +113,7 @@ class Background:
             clock=clock,
             interval=settings.check_interval,
             lease_seconds=settings.lease_seconds,
+            faults=faults,
         )
         # Deleting old runs (``retention``: their age, or a RetentionPolicy),
         # from the actor's step next to the backstop.
@@ -125,6 +134,7 @@ class Background:
             idle_backoff_max=poll_interval,
             # serve(idle_wait) is a long poll when the queue is empty.
             step_waits=self._idle_wait * 0.9,
+            faults=faults,
         )
 
     def start(self) -> None:
@@ -151,8 +161,11 @@ class Background:
             self.presence.stop()
 
     def step(self) -> bool:
-        """One step of the actor's loop: a due backstop pass, then one batch
-        (waiting up to ``idle_wait`` for work); whether it handled anything."""
+        """One step of the actor's loop: the settlements held since a store
+        fault (while they fail, nothing else), a due backstop pass, then one
+        batch (waiting up to ``idle_wait`` for work); whether it handled anything."""
+        if not self.faults.retry_parked():
+            return False
         if self.backstop is not None:
             self.backstop.maybe_run()
         if self.retention is not None:

@@ -40,6 +40,7 @@ from dagwerk.constants import RunStatus
 from dagwerk.errors import DagwerkError
 from dagwerk.orchestrator import OrchestratorCallbacks, reconcile_run
 from dagwerk.runtime.clock import Clock, SystemClock
+from dagwerk.runtime.faults import FaultGate, log_failure
 from dagwerk.stall import RunDiagnosis, diagnose_run
 from dagwerk.store import ExpiredLease, WorkerRecord
 
@@ -188,8 +189,10 @@ class Backstop:
         lease_seconds: float | None = None,
         on_pass: Callable[[str], None] | None = None,
         on_report: Callable[[BackstopReport], None] | None = None,
+        faults: FaultGate | None = None,
     ) -> None:
         self.store = store
+        self._faults = faults
         self._capabilities = StoreCapabilities.of(store)
         self.interval = check_backstop_interval(interval)
         self.clock = clock or SystemClock()
@@ -238,7 +241,7 @@ class Backstop:
         try:
             acquired = self.store.try_acquire_lease(BACKSTOP_LEASE, self.holder, self.lease_seconds)
         except Exception as exc:
-            _LOG.exception("backstop could not take its lease")
+            log_failure(self._faults, _LOG, exc, "taking the backstop's lease")
             return self._finish(
                 BackstopReport(ran=False, errors=(_describe(exc),), started_at=started_at)
             )
@@ -253,13 +256,13 @@ class Backstop:
             if self.on_pass is not None:
                 self.on_pass("end")
         except Exception as exc:  # the backstop never raises into its caller
-            _LOG.exception("backstop pass failed")
+            log_failure(self._faults, _LOG, exc, "the backstop pass")
             state.errors.append(_describe(exc))
         finally:
             try:
                 self.store.release_lease(BACKSTOP_LEASE, self.holder)
-            except Exception:
-                _LOG.exception("backstop could not release its lease")
+            except Exception as exc:
+                log_failure(self._faults, _LOG, exc, "releasing the backstop's lease")
         report = BackstopReport(
             ran=True,
             runs=runs,

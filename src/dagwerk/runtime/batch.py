@@ -277,8 +277,7 @@ class BatchPath:
 
     def _failed_in_worker(self, claim: ClaimedDelivery, exc: Exception) -> None:
         delivery = claim.delivery
-        _LOG.exception("delivery %s failed in the worker", delivery.delivery_id, exc_info=exc)
-        self._settler.give_back(delivery, "error", exc)
+        self._settler.hold_or_give_back(delivery, exc, f"preparing task {delivery.task_id}")
 
     def _still_running(self, attempts: list[Attempt]) -> list[Attempt]:
         """Read each run's status once, after every signal is registered."""
@@ -419,9 +418,16 @@ class BatchPath:
                 before=expect,
                 then=claim_ahead,
             )
-        except Exception:
+        except Exception as exc:
             # Nothing of the batch committed (or it did and the reconcile failed,
-            # which the completions' exact repeats redo): settle one by one.
+            # which the completions' exact repeats redo): settle one by one, or,
+            # while the store is at fault, once it answers again.
+            if settler.faults.note(exc, f"committing {len(done)} completions"):
+                for attempt in done:
+                    outcome = outcomes[id(attempt)]
+                    assert isinstance(outcome, ExecutionOutcome)
+                    settler.hold(attempt, outcome, exc)
+                return
             _LOG.exception("a batch of %d completions failed; settling one by one", len(done))
             for attempt in done:
                 outcome = outcomes[id(attempt)]

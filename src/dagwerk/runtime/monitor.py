@@ -22,6 +22,7 @@ from collections.abc import Callable
 from dagwerk.constants import RunStatus
 from dagwerk.runtime.attempts import Attempt
 from dagwerk.runtime.clock import Clock
+from dagwerk.runtime.faults import FaultGate, log_failure
 from dagwerk.store import DagQueueStore
 
 __all__ = ["AttemptMonitor"]
@@ -46,7 +47,9 @@ class AttemptMonitor:
         clock: Clock,
         interval: float,
         lease_seconds: float,
+        faults: FaultGate | None = None,
     ) -> None:
+        self._faults = faults
         self._status_of = status_of
         self._queue = queue
         self._worker_id = worker_id
@@ -112,8 +115,8 @@ class AttemptMonitor:
                 attempts = list(self._attempts.values())
             try:
                 self._check(attempts)
-            except Exception:  # the watcher never dies of one bad read or write
-                _LOG.exception("the attempt monitor failed a pass")
+            except Exception as exc:  # the watcher never dies of one bad read or write
+                log_failure(self._faults, _LOG, exc, "the attempt monitor's pass")
 
     def _check(self, attempts: list[Attempt]) -> None:
         statuses: dict[str, RunStatus | None] = {}

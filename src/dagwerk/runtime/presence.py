@@ -16,6 +16,7 @@ import logging
 import threading
 from collections.abc import Callable, Collection, Sequence
 
+from dagwerk.runtime.faults import FaultGate, log_failure
 from dagwerk.store import WorkerPresenceStore
 
 __all__ = ["PRESENCE_INTERVAL", "Presence"]
@@ -27,7 +28,8 @@ PRESENCE_INTERVAL = 10.0
 
 
 class Presence:
-    """Records ``worker_id`` in ``store`` while started."""
+    """Records ``worker_id`` in ``store`` while started; a store fault of a
+    beat goes to ``faults``."""
 
     def __init__(
         self,
@@ -37,8 +39,10 @@ class Presence:
         plugins: Callable[[], Collection[str]],
         queues: Sequence[str] | None,
         interval: float = PRESENCE_INTERVAL,
+        faults: FaultGate | None = None,
     ) -> None:
         self.store = store
+        self._faults = faults
         self.worker_id = worker_id
         self.plugins = plugins
         self.queues = queues
@@ -56,8 +60,8 @@ class Presence:
                 queues=self.queues,
                 ttl_seconds=3 * self.interval,
             )
-        except Exception:
-            _LOG.exception("recording worker %s failed", self.worker_id)
+        except Exception as exc:
+            log_failure(self._faults, _LOG, exc, f"recording worker {self.worker_id}")
 
     def start(self) -> None:
         """Beat now and then every interval from a daemon thread; idempotent."""
@@ -83,5 +87,5 @@ class Presence:
             thread.join()
         try:
             self.store.retire_worker(self.worker_id)
-        except Exception:
-            _LOG.exception("retiring worker %s failed", self.worker_id)
+        except Exception as exc:
+            log_failure(self._faults, _LOG, exc, f"retiring worker {self.worker_id}")

@@ -4,7 +4,10 @@ A :class:`Settler` is the one place that acknowledges, fails, retries,
 times out, parks (wait) and cancels, for both delivery paths (one by one
 and batched). Every transition is fenced by the attempt ID in the store, so
 a late or cancelled attempt changes nothing (WK-14), and nothing is
-acknowledged before its transition commits. It records what it did as a
+acknowledged before its transition commits; a settlement whose commit
+failed with a transient store fault is held by the worker's fault gate
+(:mod:`dagwerk.runtime.faults`) and committed once the store answers
+again, with its delivery still leased. It records what it did as a
 :class:`~dagwerk.runtime.observer.DeliveryReport` in the ``reports`` it is
 given (a bounded deque: the worker's latest) and tells the observers.
 """
@@ -14,7 +17,7 @@ from __future__ import annotations
 import logging
 import random
 from collections import deque
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 from dagwerk.budgets import BudgetExhaustedError
 from dagwerk.models import EmittedOutput
@@ -30,6 +33,7 @@ from dagwerk.runtime.budget_guard import BudgetGuard
 from dagwerk.runtime.children import ChildRuns
 from dagwerk.runtime.clock import Clock
 from dagwerk.runtime.errors import NonRetryableError, TaskTimedOut
+from dagwerk.runtime.faults import FaultGate, FaultKind, classify, log_failure
 from dagwerk.runtime.observer import DeliveryReport, WorkerObserver, notify
 from dagwerk.runtime.outcomes import ExecutionOutcome, OutcomeKind
 from dagwerk.runtime.retry_policy import RetryPolicy
@@ -74,8 +78,10 @@ class Settler:
         poll_interval: float,
         task_logs: TaskLogWriter,
         tracing: WorkerTracing | None,
+        faults: FaultGate,
     ) -> None:
         self._store = store
+        self.faults = faults
         self._task_logs = task_logs
         self._tracing = tracing
         self._queue = queue
@@ -129,7 +135,7 @@ class Settler:
     def crash_unreadable(self, delivery: LeasedDelivery, exc: BaseException) -> None:
         """The run became unreadable after the claim: the attempt is closed as
         CRASHED rather than stranded RUNNING (WK-15)."""
-        _LOG.exception("reading run %s after the claim failed", delivery.run_id)
+        log_failure(self.faults, _LOG, exc, f"reading run {delivery.run_id} after the claim")
         reason = f"run unreadable after claim: {type(exc).__name__}: {exc}"
         try:
             on_task_crashed(
@@ -164,13 +170,50 @@ class Settler:
     # --- an attempt's outcome ---------------------------------------------------------
 
     def settle_safely(self, attempt: Attempt, outcome: ExecutionOutcome) -> None:
-        """:meth:`settle`; an error in the worker gives the delivery back."""
-        delivery = attempt.delivery
+        """:meth:`settle`; a transient store fault holds the settlement (see
+        :meth:`hold`), any other error in the worker gives the delivery back."""
         try:
             self.settle(attempt, outcome)
         except Exception as exc:
-            _LOG.exception("delivery %s failed in the worker", delivery.delivery_id)
+            self.hold(attempt, outcome, exc)
+
+    def hold(self, attempt: Attempt, outcome: ExecutionOutcome, error: Exception) -> None:
+        """Settling ``attempt`` failed with ``error``: a transient store fault
+        keeps the settlement for the fault gate to commit once the store
+        answers (the delivery stays leased; the attempt ID fences the late
+        commit, so a task recovered meanwhile is settled by its new attempt
+        only); any other error gives the delivery back."""
+        delivery = attempt.delivery
+        self.hold_or_give_back(
+            delivery,
+            error,
+            f"settling task {delivery.task_id}",
+            lambda: self.settle(attempt, outcome),
+        )
+
+    def hold_or_give_back(
+        self,
+        delivery: LeasedDelivery,
+        error: Exception,
+        what: str,
+        retry: Callable[[], None] | None = None,
+    ) -> None:
+        """``what`` failed with ``error`` in the worker. A transient store
+        fault holds ``retry`` (default: giving the delivery back) for the
+        fault gate; a fatal one leaves the delivery leased (the worker
+        stops; the lease expires); any other error gives the delivery back."""
+
+        def gave_up(exc: Exception) -> None:
+            _LOG.error("delivery %s failed in the worker", delivery.delivery_id, exc_info=exc)
             self.give_back(delivery, "error", exc)
+
+        if classify(error) is FaultKind.FATAL:
+            self.faults.note(error, what)
+            return
+        if retry is None:
+            retry = lambda: self.give_back(delivery, "error", error)  # noqa: E731
+        if not self.faults.hold(error, what, retry, gave_up):
+            gave_up(error)
 
     def settle(self, attempt: Attempt, outcome: ExecutionOutcome) -> None:
         """Commit what ``outcome`` means for ``attempt``: complete, wait,

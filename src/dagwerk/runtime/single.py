@@ -27,6 +27,7 @@ from dagwerk.execution import claim_task, recover_task
 from dagwerk.runtime.attempts import Attempt
 from dagwerk.runtime.clock import Clock
 from dagwerk.runtime.executors import ExecutionOutcome, Executor
+from dagwerk.runtime.faults import log_failure
 from dagwerk.runtime.monitor import AttemptMonitor
 from dagwerk.runtime.preparation import AttemptPreparer
 from dagwerk.runtime.roles import WorkerStore
@@ -97,8 +98,7 @@ class OneByOne:
         try:
             self._handle(delivery)
         except Exception as exc:  # one bad delivery never stops the loop
-            _LOG.exception("delivery %s failed in the worker", delivery.delivery_id)
-            self._settler.give_back(delivery, "error", exc)
+            self._settler.hold_or_give_back(delivery, exc, f"handling task {delivery.task_id}")
 
     def run(self, attempt: Attempt) -> ExecutionOutcome:
         """Run a registered attempt's plugin (see :func:`run_attempt`)."""
@@ -112,7 +112,7 @@ class OneByOne:
         except Exception as exc:
             # Unreadable before the claim: nothing ran, so the delivery goes
             # back (acking it would strand the QUEUED task).
-            _LOG.exception("reading run %s failed", delivery.run_id)
+            log_failure(settler.faults, _LOG, exc, f"reading run {delivery.run_id}")
             settler.give_back(delivery, "unreadable", exc)
             return
         if status is not RunStatus.RUNNING:
@@ -167,6 +167,6 @@ class OneByOne:
             if status is not RunStatus.RUNNING:
                 self._settler.ack(delivery, "cancelled", f"run is {status}")
                 return
-            self._settler.settle(attempt, self.run(attempt))
+            self._settler.settle_safely(attempt, self.run(attempt))
         finally:
             self._monitor.remove(attempt)

@@ -40,6 +40,7 @@ from dataclasses import dataclass
 from typing import Any, Protocol, TextIO, TypeVar
 
 from dagwerk.errors import DagwerkError
+from dagwerk.runtime.faults import FaultGate, log_failure
 from dagwerk.store_logs import (
     DEFAULT_TASK_LOG_MAX_BYTES,
     DEFAULT_TASK_LOG_MAX_LINES,
@@ -304,7 +305,9 @@ class TaskLogWriter:
         limits: TaskLogLimits | None = None,
         *,
         interval: float = FLUSH_SECONDS,
+        faults: FaultGate | None = None,
     ) -> None:
+        self._faults = faults
         self.limits = limits or TaskLogLimits()
         self._store = store if self.limits.enabled else None
         self._interval = interval
@@ -381,8 +384,8 @@ class TaskLogWriter:
             for start in range(0, len(pending), MAX_TASK_LOG_BATCH):
                 try:
                     store.append_task_logs(pending[start : start + MAX_TASK_LOG_BATCH])
-                except Exception:
-                    _LOG.exception("storing %d task log lines failed", len(pending))
+                except Exception as exc:
+                    log_failure(self._faults, _LOG, exc, f"storing {len(pending)} task log lines")
 
     def _loop(self) -> None:
         while not self._stop.is_set():

@@ -56,6 +56,7 @@ from dagwerk.runtime.clock import Clock, SystemClock
 from dagwerk.runtime.context import validate_execution_root
 from dagwerk.runtime.errors import WorkerStoppedError
 from dagwerk.runtime.executors import ClosableExecutor, Executor, make_executor
+from dagwerk.runtime.faults import FaultGate
 from dagwerk.runtime.monitor import AttemptMonitor
 from dagwerk.runtime.observer import DeliveryReport, WorkerObserver
 from dagwerk.runtime.plugins import PluginFn, PluginRegistry, PluginSpec
@@ -143,6 +144,9 @@ class Worker:
             else None
         )
         self.clock = clock or SystemClock()
+        # Store faults: one line each, a capped backoff, the settlements that
+        # could not commit held until the store answers (runtime/faults.py).
+        self.faults = faults = FaultGate(clock=self.clock)
         # Protocol checks walk every member of the protocol; a worker asks
         # them once here, not per delivery.
         self.capabilities = capabilities = StoreCapabilities.of(store)
@@ -175,7 +179,7 @@ class Worker:
         self.reports: deque[DeliveryReport] = deque(maxlen=REPORTS_KEPT)
         # What plugins log during an attempt, stored per attempt (task_logs.py).
         self.task_logs = task_logs = TaskLogWriter(
-            capabilities.task_logs, settings.task_log_limits
+            capabilities.task_logs, settings.task_log_limits, faults=faults
         )
         # OpenTelemetry spans, when this process traces (dagwerk/tracing.py).
         self.tracing = tracing = WorkerTracing.create(capabilities.run_traces, capabilities.runs)
@@ -206,6 +210,7 @@ class Worker:
             poll_interval=settings.poll_interval,
             task_logs=task_logs,
             tracing=tracing,
+            faults=faults,
         )
         self.preparer = AttemptPreparer(
             store,
@@ -236,6 +241,7 @@ class Worker:
             clock=self.clock,
             callbacks=callbacks,
             observers=self.observers,
+            faults=faults,
         )
         self._pool = ThreadPoolExecutor(
             max_workers=settings.concurrency, thread_name_prefix="dagwerk-w"

@@ -67,7 +67,9 @@ class Checkpointer:
             if self._closed:
                 return
             self._commits += 1
-            if self._thread is None or self._pid != os.getpid():
+            # A thread that stopped on an error (a full disk) starts again
+            # with the next commit: the disk has room again.
+            if self._thread is None or self._pid != os.getpid() or not self._thread.is_alive():
                 self._start()
             if self._commits >= COMMITS_PER_PASS:
                 self._wake.set()
@@ -96,10 +98,15 @@ class Checkpointer:
                 if conn is None:
                     conn = sqlite3.connect(self.path, timeout=0, isolation_level=None)
                 self._pass(conn)
-        except sqlite3.Error:
-            # The database went away or cannot be opened: the writers'
-            # automatic checkpoint still bounds the log.
-            _LOG.warning("background checkpoints of %s stopped", self.path, exc_info=True)
+        except sqlite3.Error as exc:
+            # The database went away, cannot be opened or its disk is full:
+            # the writers' automatic checkpoint still bounds the log.
+            _LOG.warning(
+                "background checkpoints of %s stopped (%s); the writers checkpoint instead",
+                self.path,
+                exc,
+            )
+            _LOG.debug("background checkpoints stopped", exc_info=True)
         finally:
             if conn is not None:
                 conn.close()

@@ -23,6 +23,7 @@ from pathlib import Path
 
 from dagwerk.backends.errors import (
     StoreBusyError,
+    StoreCannotOpenError,
     StoreCorruptError,
     StoreFullError,
     StoreReadOnlyError,
@@ -87,37 +88,62 @@ def _waker(key: str) -> _Waker:
 _BUSY, _LOCKED, _READONLY, _IOERR, _CORRUPT, _FULL, _CANTOPEN, _NOTADB = 5, 6, 8, 10, 11, 13, 14, 26
 
 
-def translate_error(exc: sqlite3.Error, context: str) -> DagwerkError:
-    """The dagwerk error for a driver error (the driver error becomes its cause)."""
+def translate_error(
+    exc: sqlite3.Error, context: str, target: str | None = None
+) -> DagwerkError:
+    """The dagwerk error for a driver error (the driver error becomes its
+    cause); ``target`` is the database file's path."""
     code = (getattr(exc, "sqlite_errorcode", None) or 0) & 0xFF
     text = f"{context}: {exc}"
     if isinstance(exc, sqlite3.IntegrityError):
         return StoreContractError(f"{context}: constraint violated: {exc}")
     if code in (_BUSY, _LOCKED) or "locked" in str(exc):
-        return StoreBusyError(text)
+        return StoreBusyError(text, target=target)
     if code == _READONLY or "readonly" in str(exc):
-        return StoreReadOnlyError(text)
+        return StoreReadOnlyError(text, target=target)
     if code == _FULL or "full" in str(exc):
-        return StoreFullError(text)
+        return StoreFullError(text, target=target)
     if code in (_CORRUPT, _NOTADB) or "not a database" in str(exc):
-        return StoreCorruptError(text)
-    return StoreUnavailableError(text)
+        return StoreCorruptError(text, target=target)
+    return StoreUnavailableError(text, target=target)
+
+
+def _open_refusal(path: str, exc: sqlite3.Error) -> DagwerkError:
+    """The error for a file SQLite could not open: permission denied, or a
+    directory that does not exist, is :class:`StoreCannotOpenError`."""
+    directory = os.path.dirname(os.path.abspath(path))
+    reason: str | None = None
+    if not os.path.isdir(directory):
+        reason = f"its directory {directory} does not exist"
+    else:
+        try:
+            os.close(os.open(path if os.path.exists(path) else directory, os.O_RDONLY))
+        except PermissionError:
+            where = path if os.path.exists(path) else directory
+            mode = os.stat(where).st_mode & 0o777
+            reason = f"permission denied on {where} (mode {mode:04o})"
+        except OSError:
+            reason = None
+    if reason is None:
+        return translate_error(exc, f"cannot open {path!r}", path)
+    return StoreCannotOpenError(f"cannot open {path!r}: {reason}", target=path)
 
 
 class _Tx:
     """One open transaction on the gateway's connection."""
 
-    __slots__ = ("_conn", "woke")
+    __slots__ = ("_conn", "_path", "woke")
 
-    def __init__(self, conn: sqlite3.Connection) -> None:
+    def __init__(self, conn: sqlite3.Connection, path: str) -> None:
         self._conn = conn
+        self._path = path
         self.woke = False
 
     def _execute(self, name: str, params: Params | None) -> sqlite3.Cursor:
         try:
             return self._conn.execute(QUERIES[name], params or {})
         except sqlite3.Error as exc:
-            raise translate_error(exc, f"query {name!r} failed") from exc
+            raise translate_error(exc, f"query {name!r} failed", self._path) from exc
 
     def one(self, name: str, params: Params | None = None) -> Row | None:
         row: Row | None = self._execute(name, params).fetchone()
@@ -145,7 +171,7 @@ class _Tx:
         try:
             self._conn.executemany(QUERIES[name], rows)
         except sqlite3.Error as exc:
-            raise translate_error(exc, f"query {name!r} failed") from exc
+            raise translate_error(exc, f"query {name!r} failed", self._path) from exc
 
 
 SYNCHRONOUS_MODES = ("normal", "full", "extra")
@@ -192,6 +218,8 @@ class SqliteGateway(Gateway):
         self._lock = threading.Lock()
         self._pid = os.getpid()
         self._conn: sqlite3.Connection | None = None
+        # Set when a write found the file read-only (see _reconnect).
+        self._reopen = False
         # Writers queue in a kernel lock before BEGIN IMMEDIATE (_writer_queue.py).
         self._queue = (
             None
@@ -320,7 +348,7 @@ class SqliteGateway(Gateway):
                 cached_statements=256,
             )
         except sqlite3.Error as exc:
-            raise translate_error(exc, f"cannot open {self.path!r}") from exc
+            raise _open_refusal(self.path, exc) from exc
         conn.row_factory = sqlite3.Row
         try:
             conn.execute(f"PRAGMA busy_timeout = {int(self.busy_timeout * 1000)}")
@@ -336,7 +364,8 @@ class SqliteGateway(Gateway):
                 mode = self._switch_to_wal(conn)
                 if str(mode).lower() != "wal":
                     raise StoreReadOnlyError(
-                        f"cannot switch {self.path!r} to WAL mode (journal mode {mode!r})"
+                        f"cannot switch {self.path!r} to WAL mode (journal mode {mode!r})",
+                        target=self.path,
                     )
                 # In WAL mode NORMAL survives any process crash; only a power
                 # loss can drop the last commits. FULL/EXTRA fsync every commit.
@@ -346,7 +375,9 @@ class SqliteGateway(Gateway):
                     conn.execute("PRAGMA wal_autocheckpoint = 8192")
         except sqlite3.Error as exc:
             conn.close()
-            raise translate_error(exc, f"cannot open {self.path!r}") from exc
+            if (getattr(exc, "sqlite_errorcode", None) or 0) & 0xFF == _CANTOPEN:
+                raise _open_refusal(self.path, exc) from exc
+            raise translate_error(exc, f"cannot open {self.path!r}", self.path) from exc
         except DagwerkError:
             conn.close()
             raise
@@ -374,13 +405,32 @@ class SqliteGateway(Gateway):
 
     def _connection(self) -> sqlite3.Connection:
         if self._conn is None:
-            raise StoreUnavailableError(f"store {self.path!r} is closed")
+            raise StoreUnavailableError(f"store {self.path!r} is closed", target=self.path)
         if os.getpid() != self._pid:
             # Forked: never touch the parent's connection.
             self._pid = os.getpid()
             self._conn = self._connect()
             self._held.hold(self._conn)
+        elif self._reopen and self._unit_tx is None:
+            self._reconnect()
         return self._conn
+
+    def _reconnect(self) -> None:
+        """Open the file afresh after a write found it read-only: SQLite
+        opens a file it cannot write read-only, and keeps it so until the
+        connection is opened again, so a file made writable again is only
+        written through a new connection. While it still cannot be opened
+        for writing, the current connection serves the reads."""
+        self._reopen = False
+        try:
+            fresh = self._connect()
+        except DagwerkError:
+            return
+        old, self._conn = self._conn, fresh
+        self._held.hold(fresh)
+        if old is not None:
+            with suppress(sqlite3.Error):
+                old.close()
 
     def _transaction(self, begin: str) -> AbstractContextManager[_Tx]:
         if self._unit_owner == threading.get_ident():
@@ -519,7 +569,7 @@ class SqliteGateway(Gateway):
         try:
             conn.execute("SAVEPOINT dagwerk_call")
         except sqlite3.Error as exc:
-            raise translate_error(exc, "cannot open a savepoint") from exc
+            raise translate_error(exc, "cannot open a savepoint", self.path) from exc
         try:
             yield tx
         except BaseException:
@@ -532,7 +582,7 @@ class SqliteGateway(Gateway):
         try:
             conn.execute("RELEASE dagwerk_call")
         except sqlite3.Error as exc:
-            raise translate_error(exc, "cannot release a savepoint") from exc
+            raise translate_error(exc, "cannot release a savepoint", self.path) from exc
 
     def _first_write(self) -> Iterator[_Tx]:
         """The unit's first write begins its transaction, without a savepoint
@@ -562,8 +612,8 @@ class SqliteGateway(Gateway):
                 try:
                     conn.execute(begin)
                 except sqlite3.Error as exc:
-                    raise translate_error(exc, "cannot begin a transaction") from exc
-                tx = _Tx(conn)
+                    raise translate_error(exc, "cannot begin a transaction", self.path) from exc
+                tx = _Tx(conn, self.path)
                 try:
                     yield tx
                 except BaseException:
@@ -573,7 +623,11 @@ class SqliteGateway(Gateway):
                     conn.execute("COMMIT")
                 except sqlite3.Error as exc:
                     _rollback(conn)
-                    raise translate_error(exc, "commit failed") from exc
+                    raise translate_error(exc, "commit failed", self.path) from exc
+            except StoreReadOnlyError:
+                # The next transaction opens the file again (see _reconnect).
+                self._reopen = not self.read_only and not self.in_memory
+                raise
             finally:
                 if queue is not None and queued is not None:
                     queue.release(queued)
@@ -595,7 +649,7 @@ class SqliteGateway(Gateway):
                 raise _doomed_error(self._doomed)
             return self._unit_tx.one(name, params)
         with self._lock:
-            rows = _Tx(self._connection()).all(name, params)
+            rows = _Tx(self._connection(), self.path).all(name, params)
         return rows[0] if rows else None
 
     def write(self) -> AbstractContextManager[_Tx]:
@@ -617,7 +671,7 @@ class SqliteGateway(Gateway):
                 try:
                     conn.execute(buffer)
                 except sqlite3.Error as exc:
-                    raise translate_error(exc, "migration failed") from exc
+                    raise translate_error(exc, "migration failed", self.path) from exc
                 buffer = ""
         if buffer.strip() and not _only_comments(buffer):
             raise StoreCorruptError(f"incomplete statement in migration: {buffer.strip()[:80]!r}")
