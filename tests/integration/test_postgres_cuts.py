@@ -32,6 +32,7 @@ from dagwerk.backends.errors import StoreUnavailableError
 from dagwerk.backends.postgres import PostgresStore
 from dagwerk.constants import TaskStatus
 from dagwerk.orchestrator import reconcile_run
+from dagwerk.runtime.faults import FaultKind, classify
 from dagwerk.store import CompletionRequest, TaskCompletionResult
 from dagwerk.testing.helpers import CallbackLog, chain, emit, new_run, tasks_of
 from dagwerk.testing.pg_proxy import DelayProxy
@@ -164,7 +165,7 @@ def _cut(
         assert cut == case.after, (chunk, cut)
     else:
         assert fired
-        assert error.transient
+        assert classify(error) is FaultKind.TRANSIENT
         assert f"lost the connection to PostgreSQL at 127.0.0.1:{stores.proxy.port}" in str(
             error
         )

@@ -22,9 +22,10 @@ import pytest
 from pg_cluster import Cluster, private_cluster
 from psycopg.conninfo import conninfo_to_dict
 
-from dagwerk.backends.errors import StoreRejectedError, StoreUnavailableError
+from dagwerk.backends.errors import StoreCannotOpenError, StoreUnavailableError
 from dagwerk.backends.postgres import PostgresStore
 from dagwerk.constants import RunStatus
+from dagwerk.runtime.faults import FaultKind, classify, describe_fault
 from dagwerk.testing.helpers import chain, new_run, root
 
 pytestmark = pytest.mark.skipif(sys.platform == "win32", reason="uses pg_ctl")
@@ -61,10 +62,12 @@ def _fails_fast(call: Callable[[], object], port: int) -> StoreUnavailableError:
         call()
     assert time.monotonic() - begun < BOUND
     error = caught.value
-    assert error.transient
+    assert classify(error) is FaultKind.TRANSIENT
     assert error.code == "store_unavailable"
-    assert f"127.0.0.1:{port}" in str(error)
+    assert error.target == f"127.0.0.1:{port}"
     assert "\n" not in str(error)
+    # The worker's fault line is the message itself: its advice is the backend's.
+    assert describe_fault(error) == str(error)
     return error
 
 
@@ -125,7 +128,7 @@ def test_a_restart_with_open_connections_leaves_none_broken_in_the_pool(
             tx.run("run_set_status", {"run_id": "run-1", "old": "running", "new": "cancelled"})
             cluster.restart()
             tx.one("run_get", {"run_id": "run-1"})
-        assert caught.value.transient
+        assert classify(caught.value) is FaultKind.TRANSIENT
         message = str(caught.value)
         # The admin shutdown's message, or the closed socket, depending on
         # what the driver read first.
@@ -148,13 +151,13 @@ def _with_dbname(url: str, dbname: str) -> str:
     return f"postgresql://{info.get('user', '')}@{info['host']}:{info['port']}/{dbname}"
 
 
-def test_a_missing_database_is_rejected_at_once_and_is_not_transient(postgres_url: str) -> None:
+def test_a_missing_database_is_rejected_at_once_and_is_fatal(postgres_url: str) -> None:
     begun = time.monotonic()
-    with pytest.raises(StoreRejectedError) as caught:
+    with pytest.raises(StoreCannotOpenError) as caught:
         PostgresStore(_with_dbname(postgres_url, "no_such_db_here"), reconnect_timeout=30.0)
     assert time.monotonic() - begun < 10  # not the reconnect timeout
-    assert not caught.value.transient
-    assert caught.value.code == "store_rejected"
+    assert classify(caught.value) is FaultKind.FATAL
+    assert caught.value.code == "store_cannot_open"
     assert str(caught.value).endswith(
         'database "no_such_db_here" does not exist; create the database or fix the store URL'
     )
@@ -188,7 +191,7 @@ def test_no_free_connection_slot_is_transient_and_clears_when_one_frees(
     try:
         with pytest.raises(StoreUnavailableError) as caught:
             PostgresStore(url, schema=pg_schema, reconnect_timeout=1.0)
-        assert caught.value.transient
+        assert classify(caught.value) is FaultKind.TRANSIENT
         assert "every connection slot is taken" in str(caught.value)
         assert "max_connections" in str(caught.value)
     finally:

@@ -18,42 +18,33 @@ __all__ = [
     "StoreCorruptError",
     "StoreFullError",
     "StoreReadOnlyError",
-    "StoreRejectedError",
     "StoreUnavailableError",
 ]
 
 
 class StoreUnavailableError(DagwerkError, RuntimeError):
-    """The database cannot serve the request; nothing was written.
-
-    ``transient`` says whether the fault can clear without the user (a
-    server restarting, a lock released); False means it stays until the
-    user acts (a refused login, a schema newer than this dagwerk).
-    """
+    """The database cannot serve the request; nothing was written."""
 
     code = "store_unavailable"
-    transient = True
-
-
-class StoreRejectedError(StoreUnavailableError):
-    """The database server refuses this client for good: the login, the
-    database name or an option of the store URL."""
-
-    code = "store_rejected"
-    transient = False
 
     def __init__(
         self,
         message: str,
         *,
         target: str | None = None,
+        advice: str | None = None,
         code: str | None = None,
         field: str | None = None,
         limit: int | None = None,
     ) -> None:
-        super().__init__(message, code=code, field=field, limit=limit)
+        super().__init__(
+            f"{message}; {advice}" if advice else message, code=code, field=field, limit=limit
+        )
         self.target = target
         """The database file's path or the server, where the backend knows it."""
+        self.advice = advice
+        """What the user does, where the backend knows it better than its
+        code does (the message ends with it)."""
 
 
 class StoreBusyError(StoreUnavailableError):
@@ -70,7 +61,8 @@ class StoreCorruptError(StoreUnavailableError):
 
 class StoreCannotOpenError(StoreUnavailableError):
     """The database cannot be opened at all: access to the file or its
-    directory is denied, or the directory does not exist."""
+    directory is denied, or the directory does not exist; or the database
+    server refuses the login, has no such database or rejects the URL."""
 
     code = "store_cannot_open"
 
@@ -91,4 +83,3 @@ class SchemaTooNewError(StoreUnavailableError):
     """The database was written by a newer dagwerk; this version refuses it."""
 
     code = "schema_too_new"
-    transient = False

@@ -11,10 +11,10 @@ from psycopg.conninfo import conninfo_to_dict
 
 from dagwerk.backends.errors import (
     StoreBusyError,
+    StoreCannotOpenError,
     StoreCorruptError,
     StoreFullError,
     StoreReadOnlyError,
-    StoreRejectedError,
     StoreUnavailableError,
 )
 from dagwerk.errors import DagwerkError
@@ -157,39 +157,40 @@ def connect_error(exc: psycopg.Error, where: str, waited: float) -> StoreUnavail
     """The typed error of a failed connection attempt to the server at
     ``where`` after ``waited`` seconds of trying: its likely cause and what to
     do, on one line. A server that rejects the client for good (login,
-    database, URL) is :class:`StoreRejectedError` (not transient)."""
+    database, URL) is :class:`StoreCannotOpenError`."""
     reason = _connect_reason(exc)
     prefix = f"cannot connect to PostgreSQL at {where}"
     tried = f"tried for {waited:.1f}s"
     if not server_may_come_back(exc):
         if _LOGIN.search(reason):
-            return StoreRejectedError(
-                f"{prefix}: the server refused the login ({reason}); "
-                "fix the user or password in the store URL"
+            return StoreCannotOpenError(
+                f"{prefix}: the server refused the login ({reason})",
+                target=where,
+                advice="fix the user or password in the store URL",
             )
         if _NO_DATABASE.search(reason):
-            return StoreRejectedError(
-                f"{prefix}: {reason}; create the database or fix the store URL"
+            return StoreCannotOpenError(
+                f"{prefix}: {reason}",
+                target=where,
+                advice="create the database or fix the store URL",
             )
-        return StoreRejectedError(f"{prefix}: {reason}")
+        return StoreCannotOpenError(
+            f"{prefix}: {reason}", target=where, advice="fix the store URL and start again"
+        )
     if _REFUSED.search(reason):
-        return StoreUnavailableError(
-            f"{prefix}: the server refused the connection ({tried}); "
-            "start the server and the run continues"
+        cause, advice = (
+            "the server refused the connection",
+            "start the server and the run continues",
         )
-    if _STARTING.search(reason):
-        return StoreUnavailableError(
-            f"{prefix}: the server is starting up or shutting down ({tried}); "
-            "the run continues once it accepts connections"
-        )
-    if _FULL.search(reason):
-        return StoreUnavailableError(
-            f"{prefix}: every connection slot is taken ({tried}); "
-            "close other clients or raise the server's max_connections"
-        )
-    return StoreUnavailableError(
-        f"{prefix}: no answer ({tried}: {reason}); check the server and the network"
-    )
+    elif _STARTING.search(reason):
+        cause = "the server is starting up or shutting down"
+        advice = "the run continues once it accepts connections"
+    elif _FULL.search(reason):
+        cause = "every connection slot is taken"
+        advice = "close other clients or raise the server's max_connections"
+    else:
+        cause, advice = f"no answer ({reason})", "check the server and the network"
+    return StoreUnavailableError(f"{prefix}: {cause} ({tried})", target=where, advice=advice)
 
 
 def lost_connection_error(exc: psycopg.Error, where: str, what: str) -> StoreUnavailableError:
@@ -201,7 +202,7 @@ def lost_connection_error(exc: psycopg.Error, where: str, what: str) -> StoreUna
         why = "the server or the network closed it"
     reason = " ".join(str(exc).split()) or type(exc).__name__
     return StoreUnavailableError(
-        f"lost the connection to PostgreSQL at {where} ({why}: {reason}); {what}"
+        f"lost the connection to PostgreSQL at {where} ({why}: {reason}); {what}", target=where
     )
 
 

@@ -32,7 +32,7 @@ import psycopg
 from psycopg.conninfo import conninfo_to_dict
 from psycopg.rows import dict_row
 
-from dagwerk.backends.errors import StoreUnavailableError
+from dagwerk.backends.errors import StoreCannotOpenError, StoreUnavailableError
 from dagwerk.backends.sql.gateway import Gateway, Params, Row, load_queries
 from dagwerk.errors import DagwerkError
 
@@ -616,9 +616,9 @@ class PostgresGateway(Gateway):
             self._listener = None
             try:
                 listener = self.connect(time.monotonic() + max(0.0, timeout))
-            except StoreUnavailableError as exc:
-                if not exc.transient:
-                    raise
+            except StoreCannotOpenError:
+                raise
+            except StoreUnavailableError:
                 # The server stayed out of reach for the whole wait: say
                 # "maybe work", so the caller looks (and its own call
                 # reports the fault).
