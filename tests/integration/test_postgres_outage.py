@@ -26,6 +26,7 @@ from dagwerk.backends.errors import StoreCannotOpenError, StoreUnavailableError
 from dagwerk.backends.postgres import PostgresStore
 from dagwerk.constants import RunStatus
 from dagwerk.runtime.faults import FaultKind, classify, describe_fault
+from dagwerk.store import InvalidStoreValueError
 from dagwerk.testing.helpers import chain, new_run, root
 
 pytestmark = pytest.mark.skipif(sys.platform == "win32", reason="uses pg_ctl")
@@ -198,3 +199,16 @@ def test_no_free_connection_slot_is_transient_and_clears_when_one_frees(
         holder.close()
     with PostgresStore(url, schema=pg_schema, pool_size=1, reconnect_timeout=10.0) as store:
         assert store.create_run("run-1", [root("a")])
+
+
+def test_the_reconnect_timeout_can_come_with_the_url() -> None:
+    begun = time.monotonic()
+    with pytest.raises(StoreUnavailableError, match=r"\(tried for 0\.5s\)"):
+        PostgresStore("postgresql://nobody@127.0.0.1:1/none?reconnect_timeout=0.5")
+    assert time.monotonic() - begun < BOUND
+    for wrong in ("0", "-1", "soon", "86401"):
+        with pytest.raises(InvalidStoreValueError) as caught:
+            PostgresStore(f"postgresql://nobody@127.0.0.1:1/none?reconnect_timeout={wrong}")
+        assert caught.value.field == "reconnect_timeout"
+    with pytest.raises(InvalidStoreValueError, match="differ"):
+        PostgresStore("postgresql://127.0.0.1:1/none?reconnect_timeout=2", reconnect_timeout=3)

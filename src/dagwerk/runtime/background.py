@@ -122,7 +122,11 @@ class Background:
         )
         # Schedules: this worker takes part in firing them.
         self.scheduler = worker_scheduler(
-            store, interval=settings.schedule_interval, clock=clock, holder=worker_id
+            store,
+            interval=settings.schedule_interval,
+            clock=clock,
+            holder=worker_id,
+            faults=faults,
         )
         poll_interval = settings.poll_interval
         self.actor = AdvancementActor(

@@ -11,6 +11,7 @@ from __future__ import annotations
 import logging
 
 from dagwerk.constants import RunStatus
+from dagwerk.runtime.faults import FaultGate, log_failure
 from dagwerk.store import DagStore
 
 __all__ = ["RunStatusReader"]
@@ -19,10 +20,12 @@ _LOG = logging.getLogger("dagwerk.runtime.worker")
 
 
 class RunStatusReader:
-    """Reads run statuses from ``store``."""
+    """Reads run statuses from ``store``; a failing read's store fault is
+    ``faults``'s to say (one line), any other error is logged."""
 
-    def __init__(self, store: DagStore) -> None:
+    def __init__(self, store: DagStore, faults: FaultGate | None = None) -> None:
         self._store = store
+        self._faults = faults
 
     def read(self, run_id: str) -> RunStatus | None:
         """The run's status (``None``: no such run); a failing read raises."""
@@ -33,6 +36,6 @@ class RunStatusReader:
         an unreadable run never authorises anything."""
         try:
             return self.read(run_id)
-        except Exception:
-            _LOG.exception("reading run %s failed", run_id)
+        except Exception as exc:
+            log_failure(self._faults, _LOG, exc, f"reading run {run_id}")
             return None

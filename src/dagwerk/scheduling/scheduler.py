@@ -38,6 +38,7 @@ from dagwerk.constants import RUN_TERMINAL_STATUSES
 from dagwerk.errors import DagwerkError
 from dagwerk.orchestrator import cancel_run
 from dagwerk.runtime.clock import Clock, SystemClock
+from dagwerk.runtime.faults import FaultGate
 from dagwerk.store_schedules import ScheduleFire, ScheduleRecord
 
 from .definitions import CatchupPolicy, FireSource, OverlapPolicy
@@ -125,7 +126,8 @@ class Scheduler:
 
     ``holder`` names this process in the lease. ``on_fire`` is called after
     each tick's record and run commit and before the run starts (tests use it
-    to kill a process at exactly that point).
+    to kill a process at exactly that point). ``faults`` (a worker's fault
+    gate) is told of a pass's store fault instead of a traceback.
     """
 
     def __init__(
@@ -137,6 +139,7 @@ class Scheduler:
         lease_seconds: float = DEFAULT_LEASE_SECONDS,
         misfire_grace: float = DEFAULT_MISFIRE_GRACE,
         on_fire: FireHook | None = None,
+        faults: FaultGate | None = None,
     ) -> None:
         capabilities = StoreCapabilities.of(store)
         if capabilities.schedules is None or capabilities.backstop is None:
@@ -153,6 +156,7 @@ class Scheduler:
         self.misfire_grace = misfire_grace
         self.on_fire = on_fire
         self.last_report: SchedulerReport | None = None
+        self._faults = faults
         self._last_purge: float | None = None
         self._holding = False
 
@@ -184,7 +188,9 @@ class Scheduler:
         try:
             report = self._run_pass()
         except Exception as exc:  # a pass never raises into its caller
-            _LOG.exception("scheduler pass failed")
+            # A store fault is the worker's fault gate's to say (one line).
+            if self._faults is None or not self._faults.note(exc, "the scheduler's pass"):
+                _LOG.exception("scheduler pass failed")
             report = SchedulerReport(ran=False, errors=(_describe(exc),))
         self.last_report = report
         return report
@@ -377,7 +383,12 @@ def start_scheduler(
 
 
 def worker_scheduler(
-    store: Any, *, interval: float | None, clock: Clock | None, holder: str
+    store: Any,
+    *,
+    interval: float | None,
+    clock: Clock | None,
+    holder: str,
+    faults: FaultGate | None = None,
 ) -> SchedulerThread | None:
     """The scheduler thread of a worker (not started), or ``None`` when
     ``interval`` is ``None``/0 or the store keeps no schedules."""
@@ -385,7 +396,7 @@ def worker_scheduler(
     capabilities = StoreCapabilities.of(store)
     if seconds is None or capabilities.schedules is None or capabilities.backstop is None:
         return None
-    return SchedulerThread(Scheduler(store, clock=clock, holder=holder), seconds)
+    return SchedulerThread(Scheduler(store, clock=clock, holder=holder, faults=faults), seconds)
 
 
 def _describe(exc: BaseException) -> str:
