@@ -21,11 +21,9 @@ connection), and the write's ``COMMIT`` flight found by its text.
 
 from __future__ import annotations
 
-import uuid
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
-import psycopg
 import pytest
 
 from dagwerk.backends.errors import StoreUnavailableError
@@ -46,14 +44,6 @@ COMMIT = b"\x00COMMIT\x00"
 MAX_POINTS = 40
 
 
-@pytest.fixture
-def schema(postgres_url: str) -> Iterator[str]:
-    name = f"cut_{uuid.uuid4().hex[:16]}"
-    yield name
-    with psycopg.connect(postgres_url, autocommit=True) as conn:
-        conn.execute(f'DROP SCHEMA IF EXISTS "{name}" CASCADE')
-
-
 @dataclass
 class Stores:
     proxy: DelayProxy
@@ -62,7 +52,8 @@ class Stores:
 
 
 @pytest.fixture
-def stores(postgres_url: str, schema: str) -> Iterator[Stores]:
+def stores(postgres_url: str, pg_schema: str) -> Iterator[Stores]:
+    schema = pg_schema
     proxy = DelayProxy(postgres_url, 0.0)
     store = PostgresStore(proxy.url, schema=schema, pool_size=2, reconnect_timeout=10.0)
     direct = PostgresStore(postgres_url, schema=schema, pool_size=1)

@@ -23,9 +23,16 @@ from pathlib import Path
 
 import pytest
 from pg_cluster import Cluster, private_cluster
-from pg_workers import WorkerProcess, fan_nodes, ledger_entries, open_store, until
+from pg_workers import (
+    WorkerProcess,
+    assert_fan_settled_once,
+    fan_nodes,
+    ledger_entries,
+    open_store,
+    until,
+)
 
-from dagwerk.constants import RUN_TERMINAL_STATUSES, RunStatus, TaskStatus
+from dagwerk.constants import RUN_TERMINAL_STATUSES
 from dagwerk.orchestrator import OrchestratorCallbacks, start_run
 
 pytestmark = pytest.mark.skipif(sys.platform == "win32", reason="uses pg_ctl and /proc")
@@ -100,24 +107,5 @@ def test_a_worker_waits_out_a_stopped_server_and_settles_every_task_once(
         assert faults, stderr
         assert all("start the server and the run continues" in line for line in faults), stderr
         assert any("answers again" in line for line in lines), stderr
-    assert store.get_run_status(RUN_ID) is RunStatus.COMPLETED, stderr
-    outputs = store.get_output_ids(RUN_ID, 1)
-    assert len(outputs) == HOLDS == len(set(outputs))  # nothing lost, nothing twice
-    tasks = store.list_tasks(RUN_ID)
-    assert len(tasks) == 1 + HOLDS + 1
-    assert {t.status for t in tasks} == {TaskStatus.COMPLETED}
-    entries, duplicates = ledger_entries(ledger)
-    assert duplicates == []  # no attempt ran twice
-    recorded = sorted(
-        f"{t.task_id.replace(':', '_')}.{a.number}"
-        for t in tasks
-        for a in store.list_attempts(t.task_id)
-    )
-    assert entries == recorded  # every attempt the store knows ran once
-    for task in tasks:
-        completed = [
-            a for a in store.list_attempts(task.task_id) if a.status is TaskStatus.COMPLETED
-        ]
-        assert len(completed) == 1
-    assert store.list_deliveries() == []
+    assert_fan_settled_once(store, RUN_ID, ledger, HOLDS, stderr)
     store.close()

@@ -17,9 +17,16 @@ from pathlib import Path
 
 import pytest
 from pg_cluster import Cluster, private_cluster
-from pg_workers import WorkerProcess, fan_nodes, ledger_entries, open_store, until
+from pg_workers import (
+    WorkerProcess,
+    assert_fan_settled_once,
+    fan_nodes,
+    ledger_entries,
+    open_store,
+    until,
+)
 
-from dagwerk.constants import RUN_TERMINAL_STATUSES, RunStatus, TaskStatus
+from dagwerk.constants import RUN_TERMINAL_STATUSES
 from dagwerk.orchestrator import OrchestratorCallbacks, start_run
 
 RUN_ID = "run-1"
@@ -69,26 +76,5 @@ def test_workers_survive_a_server_restart_and_finish_the_run(
             w.kill()
     stderr = "\n".join(w.stderr() for w in workers)
     assert codes == [0, 0], stderr
-    assert store.get_run_status(RUN_ID) is RunStatus.COMPLETED, stderr
-    outputs = store.get_output_ids(RUN_ID, 1)
-    assert len(outputs) == HOLDS == len(set(outputs))  # nothing lost, nothing twice
-    tasks = store.list_tasks(RUN_ID)
-    assert len(tasks) == 1 + HOLDS + 1
-    assert {t.status for t in tasks} == {TaskStatus.COMPLETED}
-    entries, duplicates = ledger_entries(ledger)
-    assert duplicates == []  # no attempt ran twice
-    recorded = sorted(
-        f"{t.task_id.replace(':', '_')}.{a.number}"
-        for t in tasks
-        for a in store.list_attempts(t.task_id)
-    )
-    # Every attempt of the store ran once (an attempt the restart cut short
-    # may have been replaced; it is recorded and ran once all the same).
-    assert entries == recorded
-    for task in tasks:
-        completed = [
-            a for a in store.list_attempts(task.task_id) if a.status is TaskStatus.COMPLETED
-        ]
-        assert len(completed) == 1
-    assert store.list_deliveries() == []
+    assert_fan_settled_once(store, RUN_ID, ledger, HOLDS, stderr)
     store.close()
