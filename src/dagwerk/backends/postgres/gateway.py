@@ -297,7 +297,7 @@ class _Tx:
             return "commit failed"
         return "query " + " or ".join(repr(n) for n in names) + " failed"
 
-    def _error(self, exc: psycopg.Error, context: str) -> DagwerkError:
+    def error(self, exc: psycopg.Error, context: str) -> DagwerkError:
         """The typed error of ``exc``: a lost connection names the server and
         what became of the transaction."""
         if not is_connection_error(exc, self._conn):
@@ -317,7 +317,7 @@ class _Tx:
             return self._attempt(kind, name, params, rows)
         except psycopg.Error as exc:
             if self._write or not is_connection_error(exc, self._conn):
-                raise self._error(exc, self._context(name)) from exc
+                raise self.error(exc, self._context(name)) from exc
             cause = exc
         # A read lost its connection after its snapshot began: replay what it
         # has seen on a new snapshot, and go on only if nothing changed.
@@ -333,7 +333,7 @@ class _Tx:
                     ) from cause
             return self._attempt(kind, name, params, rows)
         except psycopg.Error as again:
-            raise self._error(again, f"query {name!r} failed after a lost connection") from again
+            raise self.error(again, f"query {name!r} failed after a lost connection") from again
 
     # -- the Tx protocol ------------------------------------------------------------------
 
@@ -412,7 +412,7 @@ class _Tx:
                 self._attempt("begin", "", None)
             self._unpipe()
         except psycopg.Error as exc:
-            raise self._error(exc, self._context(None)) from exc
+            raise self.error(exc, self._context(None)) from exc
         return self._conn
 
     def commit(self) -> None:
@@ -461,7 +461,7 @@ class _Tx:
                 return
             if lost:
                 self._committed = True  # the COMMIT went out
-            raise self._error(exc, context) from exc
+            raise self.error(exc, context) from exc
         connections.release(conn)
 
     def abort(self) -> None:
@@ -583,7 +583,7 @@ class PostgresGateway(Gateway):
             conn = conn_tx.plain()
             conn.execute(sql.encode("utf-8"), prepare=False)
         except psycopg.Error as exc:
-            raise translate_error(exc, "migration failed") from exc
+            raise conn_tx.error(exc, "migration failed") from exc
 
     # -- waking idle workers --------------------------------------------------------------
 
