@@ -191,6 +191,22 @@ def tmpfs(tmp_path: Path) -> Iterator[Path]:
         subprocess.run(["umount", "-l", str(target)], check=False, capture_output=True)
 
 
+def _reap(process: subprocess.Popen[str]) -> None:
+    if process.poll() is None:
+        process.kill()
+        process.wait()
+
+
+def _ended_calmly(process: subprocess.Popen[str], share: float, project: Project) -> str:
+    """The process exited 0, used little CPU while waiting and printed no
+    traceback; its stderr."""
+    stderr = project.stderr()
+    assert process.returncode == 0, stderr
+    assert share < CPU_SHARE, f"{share:.2f} of a core while waiting"
+    assert "Traceback" not in stderr
+    return stderr
+
+
 def _log_lines(text: str) -> list[str]:
     return [line for line in text.splitlines() if line.strip()]
 
@@ -217,13 +233,8 @@ def test_a_full_disk_is_waited_out_and_the_run_completes_once_space_is_freed(
         filler.unlink()
         run.wait(timeout=90)
     finally:
-        if run.poll() is None:
-            run.kill()
-            run.wait()
-    stderr = project.stderr()
-    assert run.returncode == 0, stderr
-    assert share < CPU_SHARE, f"{share:.2f} of a core while waiting"
-    assert "Traceback" not in stderr
+        _reap(run)
+    stderr = _ended_calmly(run, share, project)
     fault_lines = [line for line in _progress_free(stderr) if "disk is full" in line]
     assert fault_lines, stderr
     first = fault_lines[0]
@@ -312,13 +323,8 @@ def test_a_read_only_database_is_waited_out_and_health_reports_it(tmp_path: Path
     finally:
         for path in _db_files(project.db):
             path.chmod(0o644)
-        if worker.poll() is None:
-            worker.kill()
-            worker.wait()
-    stderr = project.stderr()
-    assert worker.returncode == 0, stderr
-    assert share < CPU_SHARE, f"{share:.2f} of a core while waiting"
-    assert "Traceback" not in stderr
+        _reap(worker)
+    stderr = _ended_calmly(worker, share, project)
     first = next(line for line in stderr.splitlines() if "readonly" in line)
     assert str(project.db) in first and "writable again" in first, first
     assert len(_log_lines(stderr)) <= 12, stderr
