@@ -73,7 +73,8 @@ class WorkerProcs:
     url: str
     count: int
     directory: Path
-    concurrency: int = 4
+    concurrency: int | None = 4
+    """``None``: no ``--concurrency`` flag (the worker's default)."""
     executor: str = "thread"
     profile: Path | None = None
     procs: list[subprocess.Popen[bytes]] = field(default_factory=list)
@@ -87,11 +88,11 @@ class WorkerProcs:
             self.url,
             "--plugins",
             "bench.workloads",
-            "--concurrency",
-            str(self.concurrency),
             "--executor",
             self.executor,
         ]
+        if self.concurrency is not None:
+            args += ["--concurrency", str(self.concurrency)]
         for n in range(self.count):
             log = (self.directory / f"worker-{n}.log").open("wb")
             if self.profile is not None:

@@ -119,7 +119,7 @@ def measure(
     url: str,
     directory: Path,
     *,
-    concurrency: int,
+    concurrency: int | None,
     executor: str,
     profile: Path | None,
 ) -> dict[str, object]:
@@ -367,10 +367,10 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--postgres", default=os.environ.get("DAGWERK_BENCH_POSTGRES_URL"))
     parser.add_argument(
         "--concurrency",
-        type=int,
+        type=lambda s: None if s == "default" else int(s),
         default=32,
-        help="batch size and most threads per worker (`dagwerk worker --concurrency`); "
-        "32 is what docs/performance.md reports",
+        help="batch size and most threads per worker (`dagwerk worker --concurrency`; "
+        "`default`: no flag, the worker's default); 32 is what docs/performance.md reports",
     )
     parser.add_argument("--executor", default="thread", choices=["thread", "async", "process"])
     parser.add_argument("--json", type=Path, help="also write the JSON document here")

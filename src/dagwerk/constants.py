@@ -126,6 +126,13 @@ DEFAULT_BURST_HORIZON: Final = 300.0
 """Seconds ahead a burst worker waits for a delivery to become due (a retry
 on its backoff) before it exits."""
 
+DEFAULT_CLAIM_AHEAD: Final = 64
+"""The most deliveries a worker's batch claims beyond its concurrency
+(``dagwerk.runtime.claim_ahead``)."""
+
+MAX_CLAIM_AHEAD: Final = 1024
+"""The highest claim ahead a worker accepts."""
+
 MAX_OUTPUT_FIELDS_BYTES: Final = 65_536
 MAX_JSON_DEPTH: Final = 16
 MAX_JSON_KEYS: Final = 512

@@ -33,7 +33,7 @@ def test_the_first_block_is_install_and_run_then_test() -> None:
     install, run_tests = first_commands()
     assert "python3 -m venv .venv" in install
     assert "pip install" in install and "-e '.[dev]'" in install
-    assert run_tests == ".venv/bin/python -m pytest -q"
+    assert run_tests == ".venv/bin/python -m pytest -q -n auto"
     # Everything the first line names exists: the example and the dev extra.
     example = install.rsplit("&&", 1)[1].split()
     assert example[0] == ".venv/bin/python"

@@ -33,6 +33,7 @@ SRC = Path(__file__).resolve().parents[2] / "src"
 
 PLUGINS = """
 import os
+import time
 import dagwerk
 
 @dagwerk.plugin("fault_gen")
@@ -45,6 +46,7 @@ def fault_big(inputs, ctx):
     # One line per execution, outside the database: how often each item ran.
     with open(os.environ["FAULT_LEDGER"], "a", encoding="utf-8") as ledger:
         ledger.write(f"{i}\\n")
+    time.sleep(float(os.environ.get("FAULT_SLEEP", "0")))
     return {"i": i, "blob": "x" * 20000}
 """
 
@@ -111,6 +113,7 @@ class Project:
         self.ledger = root / "ledger.txt"
         self.ledger.touch()
         self.count = count
+        self.sleep = 0.0  # seconds each fault_big execution takes
         (root / "fault_plugins.py").write_text(PLUGINS, encoding="utf-8")
         self.pipeline = root / "faults.yaml"
         self.pipeline.write_text(
@@ -121,6 +124,7 @@ class Project:
         env = dict(os.environ)
         env["PYTHONPATH"] = os.pathsep.join([str(SRC), str(self.root)])
         env["FAULT_LEDGER"] = str(self.ledger)
+        env["FAULT_SLEEP"] = str(self.sleep)
         env.pop("DAGWERK_DEBUG", None)
         return env
 
@@ -279,15 +283,29 @@ def _db_files(db: Path) -> list[Path]:
     return [path for path in db.parent.glob(db.name + "*") if not path.name.endswith(".lock")]
 
 
-def test_a_read_only_database_is_waited_out_and_health_reports_it(tmp_path: Path) -> None:
-    prefix = _unprivileged()
+def _submitted(tmp_path: Path, count: int, run_id: str) -> Project:
+    """A project whose database (in ``tmp_path/data``) holds run ``run_id``."""
     data = tmp_path / "data"
     data.mkdir()
-    project = Project(tmp_path, data, count=8)
+    project = Project(tmp_path, data, count=count)
     submitted = project.run(
-        "submit", str(project.pipeline), "--db", project.url, "--run-id", "ro-run"
+        "submit", str(project.pipeline), "--db", project.url, "--run-id", run_id
     )
     assert submitted.returncode == 0, submitted.stderr
+    return project
+
+
+def _wait_for_completion(project: Project, run_id: str) -> None:
+    def completed() -> bool:
+        with Engine(project.url) as engine:
+            return engine.get_run(run_id).status is RunStatus.COMPLETED  # type: ignore[union-attr]
+
+    _wait_for(completed, 60, "the run to complete")
+
+
+def test_a_read_only_database_is_waited_out_and_health_reports_it(tmp_path: Path) -> None:
+    prefix = _unprivileged()
+    project = _submitted(tmp_path, 8, "ro-run")
     for path in _db_files(project.db):
         path.chmod(0o444)
     worker = project.start(
@@ -311,12 +329,7 @@ def test_a_read_only_database_is_waited_out_and_health_reports_it(tmp_path: Path
         assert isinstance(fault, dict) and fault["code"] == "store_readonly", document
         for path in _db_files(project.db):
             path.chmod(0o644)
-
-        def completed() -> bool:
-            with Engine(project.url) as engine:
-                return engine.get_run("ro-run").status is RunStatus.COMPLETED  # type: ignore[union-attr]
-
-        _wait_for(completed, 60, "the run to complete")
+        _wait_for_completion(project, "ro-run")
         _wait_for(lambda: _healthz(url)[1]["fault"] is None, 30, "the fault to clear")
         worker.send_signal(signal.SIGTERM)
         worker.wait(timeout=60)
@@ -393,3 +406,103 @@ def test_a_missing_plugin_module_exits_2_with_one_line(tmp_path: Path) -> None:
         assert done.returncode == 2, done.stderr
         line = _one_error_line(done)
         assert "fault_plugins" in line, line
+
+
+def test_a_read_only_directory_at_start_is_waited_out_and_the_run_completes(
+    tmp_path: Path,
+) -> None:
+    """A database without its -wal file in a directory that cannot be
+    written cannot be opened yet: the worker waits (one line, little CPU)
+    and serves once the directory is writable again."""
+    prefix = _unprivileged()
+    project = _submitted(tmp_path, 6, "late-run")
+    data = project.db.parent
+    assert not (data / "dagwerk.db-wal").exists()  # closed cleanly: SQLite must create it
+    data.chmod(0o555)
+    worker = project.start(
+        "worker", "--db", project.url, "--plugins", "fault_plugins", prefix=prefix
+    )
+    try:
+        _wait_for(lambda: "opening the database failed" in project.stderr(), 30, "the fault line")
+        share = _cpu_share_while_waiting(worker)
+        assert worker.poll() is None, project.stderr()
+        data.chmod(0o755)
+        _wait_for_completion(project, "late-run")
+        worker.send_signal(signal.SIGTERM)
+        worker.wait(timeout=60)
+    finally:
+        data.chmod(0o755)
+        _reap(worker)
+    stderr = _ended_calmly(worker, share, project)
+    first = next(line for line in stderr.splitlines() if "opening the database failed" in line)
+    assert str(project.db) in first and "readonly" in first and "writable again" in first, first
+    assert sum("opening the database failed" in line for line in stderr.splitlines()) == 1
+    assert any("answers again" in line for line in stderr.splitlines()), stderr
+    assert len(_log_lines(stderr)) <= 8, stderr
+    project.assert_settled_once("late-run")
+
+
+def test_fail_on_fault_bounds_the_wait_to_open_the_store(tmp_path: Path) -> None:
+    prefix = _unprivileged()
+    project = _submitted(tmp_path, 2, "bounded-run")
+    data = project.db.parent
+    data.chmod(0o555)
+    try:
+        started = time.monotonic()
+        done = project.run(
+            "run",
+            str(project.pipeline),
+            "--db",
+            project.url,
+            "--fail-on-fault",
+            "2",
+            prefix=prefix,
+        )
+        took = time.monotonic() - started
+    finally:
+        data.chmod(0o755)
+    assert done.returncode == 1, done.stderr
+    assert took < 30, took
+    errors = [line for line in done.stderr.splitlines() if line.startswith("error:")]
+    assert len(errors) == 1, done.stderr
+    assert "readonly" in errors[0] and "at most 2s" in errors[0], errors[0]
+    assert len(_log_lines(done.stderr)) <= 3, done.stderr  # the fault line and the error
+    assert "Traceback" not in done.stderr
+
+
+@pytest.mark.parametrize("removed", ["directory", "file"])
+def test_a_database_removed_under_a_running_worker_ends_it_with_exit_2(
+    tmp_path: Path, removed: str
+) -> None:
+    """Writes to a removed file reach no one: the worker notices, says it
+    in one line and exits 2 instead of working on into the void."""
+    data = tmp_path / "data"
+    data.mkdir()
+    project = Project(tmp_path, data, count=2000)
+    project.sleep = 0.05
+    submitted = project.run("submit", str(project.pipeline), "--db", project.url)
+    assert submitted.returncode == 0, submitted.stderr
+    worker = project.start("worker", "--db", project.url, "--plugins", "fault_plugins")
+    try:
+        _wait_for(lambda: len(project.ledger.read_text().split()) >= 20, 60, "tasks to run")
+        if removed == "directory":
+            shutil.rmtree(data)
+        else:
+            project.db.unlink()
+        removed_at = time.monotonic()
+        worker.wait(timeout=30)
+        took = time.monotonic() - removed_at
+    finally:
+        _reap(worker)
+    stderr = project.stderr()
+    assert worker.returncode == 2, stderr
+    assert took < 10, took
+    assert "Traceback" not in stderr
+    lines = [line for line in _log_lines(stderr) if not line.startswith("worker ")]
+    assert len(lines) == 1, stderr
+    assert lines[0].startswith("error: ") and str(project.db) in lines[0], lines[0]
+    assert "removed" in lines[0] and "start again" in lines[0], lines[0]
+    if removed == "file":
+        assert not project.db.exists()  # nothing made a new, empty database there
+    # It stopped claiming: far fewer executions than the run has tasks.
+    assert len(project.ledger.read_text().split()) < project.count

@@ -5,6 +5,7 @@ and the actor's loop pausing on a fault and ending on a fatal one."""
 from __future__ import annotations
 
 import functools
+import itertools
 import logging
 import threading
 import time
@@ -29,6 +30,7 @@ from dagwerk.runtime.faults import (
     BACKOFF_MIN,
     FaultGate,
     FaultKind,
+    FaultLastedError,
     classify,
     describe_fault,
 )
@@ -167,3 +169,78 @@ def test_the_actor_pauses_on_a_fault_and_ends_on_a_fatal_one() -> None:
         actor.stop(timeout=10)
     assert isinstance(gate.fatal, SchemaTooNewError)
     assert len(steps) == 3
+
+
+def _in_thread(call: Callable[[], object]) -> tuple[threading.Thread, list[object]]:
+    outcome: list[object] = []
+
+    def target() -> None:
+        try:
+            outcome.append(call())
+        except Exception as exc:
+            outcome.append(exc)
+
+    thread = threading.Thread(target=target, daemon=True)
+    thread.start()
+    return thread, outcome
+
+
+def test_wait_out_retries_a_transient_fault_with_the_backoff_until_it_answers(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    clock = FakeClock()
+    gate = FaultGate(clock=clock)
+    calls: list[float] = []
+
+    def open_store() -> str:
+        calls.append(clock.monotonic())
+        if len(calls) < 4:
+            raise StoreReadOnlyError("cannot open", target="/data/db")
+        return "store"
+
+    with caplog.at_level(logging.WARNING, logger="dagwerk.runtime.faults"):
+        thread, outcome = _in_thread(lambda: gate.wait_out(open_store, "opening the database"))
+        for done, pause in enumerate((BACKOFF_MIN, 2 * BACKOFF_MIN, 4 * BACKOFF_MIN), 1):
+            _until(functools.partial(lambda n: len(calls) == n and clock.waiters == 1, done))
+            clock.advance(pause)
+        thread.join(10)
+    assert outcome == ["store"]
+    assert [round(b - a, 6) for a, b in itertools.pairwise(calls)] == [
+        BACKOFF_MIN,
+        2 * BACKOFF_MIN,
+        4 * BACKOFF_MIN,
+    ]
+    lines = [record.getMessage() for record in caplog.records]
+    assert len(lines) == 2, lines  # the fault once, its clearing once
+    assert lines[0].startswith("opening the database failed: cannot open: /data/db")
+    assert "answers again" in lines[1]
+    assert gate.current is None
+
+
+def test_wait_out_raises_a_fatal_fault_or_another_error_at_once() -> None:
+    gate = FaultGate(clock=FakeClock())
+    for error in (StoreCannotOpenError("denied"), SchemaTooNewError("newer"), KeyError("bug")):
+
+        def fail(error: Exception = error) -> None:
+            raise error
+
+        with pytest.raises(type(error)):
+            gate.wait_out(fail, "opening the database")
+    assert gate.current is None
+
+
+def test_wait_out_gives_up_once_the_fault_lasted_its_limit() -> None:
+    clock = FakeClock()
+    gate = FaultGate(clock=clock)
+
+    def unavailable() -> None:
+        raise StoreUnavailableError("connection refused", target="db.example:5432")
+
+    thread, outcome = _in_thread(lambda: gate.wait_out(unavailable, "opening", limit=1.0))
+    while thread.is_alive():
+        if clock.wait_for_waiters(1, timeout=0.05):
+            clock.advance(BACKOFF_MAX)  # each pause is cut to what the limit leaves
+    (error,) = outcome
+    assert isinstance(error, FaultLastedError), error
+    assert error.field == "fail_on_fault"
+    assert "connection refused" in str(error) and "at most 1s" in str(error)

@@ -12,7 +12,13 @@ from dagwerk.models import TaskInputs
 from dagwerk.runtime import _batch_exec
 from dagwerk.runtime.clock import FakeClock, SystemClock
 from dagwerk.runtime.context import TaskContext
-from dagwerk.runtime.executors import AttemptJob, AttemptSignal, OutcomeKind, ThreadExecutor
+from dagwerk.runtime.executors import (
+    AttemptJob,
+    AttemptSignal,
+    ExecutionOutcome,
+    OutcomeKind,
+    ThreadExecutor,
+)
 from dagwerk.runtime.plugins import PluginFn
 
 WAIT = 10.0
@@ -132,3 +138,45 @@ def test_a_pre_aborted_batch_runs_nothing() -> None:
     outcomes = ThreadExecutor().execute_many(jobs, clock=SystemClock())
     assert [o.kind for o in outcomes] == [OutcomeKind.CANCELLED] * 3
     assert entered == []
+
+
+def test_results_returned_while_one_attempt_blocks_are_flushed_before_it_ends() -> None:
+    release = threading.Event()
+    flushed: list[list[int]] = []
+    flushed_before_release = threading.Event()
+
+    def block(inputs: TaskInputs, ctx: TaskContext) -> object:
+        # Returns once the quick ones were flushed (or, failing that, after WAIT).
+        flushed_before_release.wait(WAIT)
+        release.wait(WAIT)
+        return {"slow": True}
+
+    def quick(inputs: TaskInputs, ctx: TaskContext) -> object:
+        return {"n": inputs.parameters["n"]}
+
+    def flush(returned: list[tuple[int, ExecutionOutcome]]) -> None:
+        flushed.append([index for index, _ in returned])
+        if sorted(i for group in flushed for i in group) == [1, 2, 3, 4]:
+            flushed_before_release.set()
+            release.set()
+
+    jobs = [_job(block, 0)] + [_job(quick, n) for n in range(1, 5)]
+    outcomes = ThreadExecutor().execute_many(jobs, clock=SystemClock(), flush=flush)
+    assert flushed_before_release.is_set()  # flushed while the blocking one ran
+    assert sorted(i for group in flushed for i in group) == [1, 2, 3, 4]  # each once
+    assert [o.kind for o in outcomes] == [OutcomeKind.OK] * 5  # flushed ones included
+
+
+def test_a_batch_that_returns_together_is_not_flushed() -> None:
+    flushed: list[object] = []
+
+    def quick(inputs: TaskInputs, ctx: TaskContext) -> object:
+        return {"n": inputs.parameters["n"]}
+
+    outcomes = ThreadExecutor().execute_many(
+        [_job(quick, n) for n in range(8)], clock=SystemClock(), flush=flushed.append
+    )
+    # Trivial attempts end well within FLUSH_SECONDS of each other: one group.
+    assert _batch_exec.FLUSH_SECONDS >= 0.005
+    assert flushed == []
+    assert [o.kind for o in outcomes] == [OutcomeKind.OK] * 8

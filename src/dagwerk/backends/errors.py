@@ -17,6 +17,7 @@ __all__ = [
     "StoreCannotOpenError",
     "StoreCorruptError",
     "StoreFullError",
+    "StoreGoneError",
     "StoreReadOnlyError",
     "StoreUnavailableError",
 ]
@@ -65,6 +66,13 @@ class StoreCannotOpenError(StoreUnavailableError):
     server refuses the login, has no such database or rejects the URL."""
 
     code = "store_cannot_open"
+
+
+class StoreGoneError(StoreUnavailableError):
+    """The database file this process has open was removed (or another file
+    took its path): what the process writes no longer reaches the database."""
+
+    code = "store_gone"
 
 
 class StoreReadOnlyError(StoreUnavailableError):

@@ -197,13 +197,23 @@ def json_option(fn: F) -> F:
     )(fn)
 
 
-def open_engine(db: str, *, create: bool = True) -> Engine:
+def open_engine(
+    db: str,
+    *,
+    create: bool = True,
+    wait_out_faults: bool = False,
+    fail_on_fault: float | None = None,
+) -> Engine:
     """An engine on ``db`` (in the ``--schema`` of the current command, if
     given); a bad URL is invalid input (exit 2).
 
     ``create=False`` is for commands about runs already stored: a SQLite file
     that does not exist is invalid input naming the path, not a new empty
-    database (a typo in ``--db`` must not answer "no runs")."""
+    database (a typo in ``--db`` must not answer "no runs").
+
+    ``wait_out_faults``: a transient store fault of the opening (a server
+    that does not answer, a read-only directory) is waited out as a worker
+    waits out a fault, for at most ``fail_on_fault`` seconds when given."""
     from dagwerk.engine import Engine
 
     ctx = click.get_current_context(silent=True)
@@ -220,7 +230,15 @@ def open_engine(db: str, *, create: bool = True) -> Engine:
                 f"no database at {path} (--db {db}): nothing is stored there; "
                 "check --db or DAGWERK_DB"
             )
-    return Engine(db) if schema is None else Engine(db, schema=schema)
+
+    def engine() -> Engine:
+        return Engine(db) if schema is None else Engine(db, schema=schema)
+
+    if not wait_out_faults:
+        return engine()
+    from dagwerk.runtime.faults import FaultGate
+
+    return FaultGate().wait_out(engine, "opening the database", limit=fail_on_fault)
 
 
 def parse_json_argument(text: str, what: str) -> object:

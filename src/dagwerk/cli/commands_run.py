@@ -32,7 +32,13 @@ from dagwerk.cli.commands_common import (
     read_run_input,
     task_logging,
 )
-from dagwerk.constants import DEFAULT_BURST_HORIZON, RUN_TERMINAL_STATUSES, TaskStatus
+from dagwerk.constants import (
+    DEFAULT_BURST_HORIZON,
+    DEFAULT_CLAIM_AHEAD,
+    MAX_CLAIM_AHEAD,
+    RUN_TERMINAL_STATUSES,
+    TaskStatus,
+)
 from dagwerk.errors import DagwerkError
 from dagwerk.store_logs import DEFAULT_TASK_LOG_MAX_BYTES, DEFAULT_TASK_LOG_MAX_LINES
 
@@ -247,7 +253,7 @@ def run(
     load_pipeline_plugins(pipeline, EngineRegistry(), plugin_modules)
     click.get_current_context().with_resource(task_logging(log_level))
     run_id = run_id if run_id is not None else new_run_id()
-    with open_engine(db) as engine:
+    with open_engine(db, wait_out_faults=True, fail_on_fault=fail_on_fault) as engine:
         try:
             if is_terminal() and not as_json:
                 result = _run_with_live_display(
@@ -382,6 +388,15 @@ def submit(
 @click.command()
 @db_option
 @click.option("--concurrency", default=4, show_default=True, type=click.IntRange(1, 1024))
+@click.option(
+    "--claim-ahead",
+    type=click.IntRange(0, MAX_CLAIM_AHEAD),
+    default=DEFAULT_CLAIM_AHEAD,
+    show_default=True,
+    metavar="N",
+    help="Claim up to N tasks beyond --concurrency per batch, of plugins whose "
+    "attempts this worker timed short enough to start them within 50 ms (0: none).",
+)
 @click.option("--executor", type=_EXECUTORS, default="thread", show_default=True)
 @plugins_option
 @click.option(
@@ -455,6 +470,7 @@ def worker(
     concurrency: int,
     executor: str,
     plugin_modules: tuple[str, ...],
+    claim_ahead: int = DEFAULT_CLAIM_AHEAD,
     pipelines: tuple[str, ...],
     burst: bool,
     queues: tuple[str, ...] = (),
@@ -481,8 +497,10 @@ def worker(
     A store fault that may pass (a full disk, a read-only file, a server
     that went away) is logged once (then at most every 30 s, with a count)
     and waited out with a backoff of up to 5 s, claiming no new work; the
-    worker resumes by itself. One that does not (permission denied, a
-    schema newer than this dagwerk, a damaged database) exits 2.
+    worker resumes by itself; so is one that keeps the database from
+    opening at start. One that does not (permission denied, a schema newer
+    than this dagwerk, a damaged database, a database file removed while
+    the worker runs) exits 2.
 
     \b
     Examples:
@@ -498,7 +516,7 @@ def worker(
     retention_age = None if retention is None else age_seconds(retention, "--retention")
     loaded: list[Pipeline] = []
     click.get_current_context().with_resource(task_logging(log_level))
-    with open_engine(db) as engine:
+    with open_engine(db, wait_out_faults=True) as engine:
         for pipeline_file in pipelines:
             pipeline = load_pipeline(pipeline_file)
             engine.load_plugins(pipeline.plugins, base_dir=Path(pipeline.source).parent)
@@ -513,6 +531,7 @@ def worker(
                 raise InvalidInputError(f"{pipeline.source}: {exc}") from exc
         serving = engine.worker(
             concurrency=concurrency,
+            claim_ahead=claim_ahead,
             executor=executor,
             backstop_interval=backstop_interval or None,
             schedule_interval=schedule_interval or None,

@@ -51,7 +51,7 @@ from dagwerk.runtime.backstop import (
     check_backstop_interval,
 )
 from dagwerk.runtime.errors import UnknownPluginError
-from dagwerk.runtime.faults import FaultGate, FaultKind, FaultLastedError, classify
+from dagwerk.runtime.faults import FaultGate, FaultKind, classify
 from dagwerk.runtime.plugins import CostEstimateFn, PluginFn
 from dagwerk.runtime.retry_policy import RetryPolicy
 from dagwerk.runtime.worker import Worker
@@ -738,12 +738,4 @@ def _check_faults(faults: FaultGate, fail_on_fault: float | None) -> None:
     """Raise the worker's fatal fault, or a fault that lasted ``fail_on_fault`` s."""
     if faults.fatal is not None:
         raise faults.fatal
-    fault = faults.current
-    if fault is None or fail_on_fault is None:
-        return
-    lasted = fault.lasted(faults.now())
-    if lasted >= fail_on_fault:
-        raise FaultLastedError(
-            f"{fault.line} (the fault lasted {lasted:.0f}s, at most {fail_on_fault:g}s allowed)",
-            field="fail_on_fault",
-        )
+    faults.check_lasted(fail_on_fault)

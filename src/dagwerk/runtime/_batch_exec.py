@@ -6,8 +6,9 @@ attempts of a batch wait in a queue; runner threads (pooled daemon threads)
 take them one after the other. The batch starts with one runner; whenever
 every runner has been inside the same attempt for ``RAMP_SECONDS`` (real
 time) while attempts still wait, one more runner starts, up to one per
-attempt. Trivial plugins therefore run back to back on one thread, while
-slow ones fan out to full parallelism within milliseconds.
+attempt or the batch's parallelism, whichever is fewer. Trivial plugins
+therefore run back to back on one thread, while slow ones fan out to full
+parallelism within milliseconds.
 
 Semantics are those of one thread per attempt:
 - an attempt's deadline runs from the moment its plugin starts; when it
@@ -18,6 +19,14 @@ Semantics are those of one thread per attempt:
 - an attempt aborted before it starts never enters its plugin; one aborted
   while running is settled as cancelled and its runner retired the same way;
 - a plugin's late result never replaces a settled outcome (first claim wins).
+
+With ``flush``, results need not wait for the slowest attempt: once a
+plugin has returned and ``FLUSH_SECONDS`` (real time) passed while other
+attempts still run, the supervisor hands every result returned so far to
+``flush`` (the batch path commits them as a group) and goes on supervising.
+A batch whose attempts all return within that bound is handed back whole,
+as without ``flush``. Only one wake-up of the supervisor is added per such
+group (at its first result), not one per attempt.
 """
 
 from __future__ import annotations
@@ -32,7 +41,7 @@ from dagwerk.runtime._threads import spawn
 from dagwerk.runtime.clock import Clock
 from dagwerk.runtime.outcomes import ExecutionOutcome
 
-__all__ = ["RAMP_SECONDS", "BatchJob", "BatchSettlement", "run_batch"]
+__all__ = ["FLUSH_SECONDS", "RAMP_SECONDS", "BatchJob", "BatchSettlement", "run_batch"]
 
 
 class _Signal(Protocol):
@@ -65,6 +74,10 @@ _STOPPED = frozenset({"timeout", "cancelled"})
 RAMP_SECONDS = 0.002
 """How long every runner must have been inside one attempt before another starts."""
 
+FLUSH_SECONDS = 0.005
+"""How long a returned result waits for the rest of its batch before it is
+flushed on its own (with every other result returned meanwhile)."""
+
 
 class _Runner:
     __slots__ = ("current", "retired", "since")
@@ -83,12 +96,26 @@ def run_batch(
     clock: Clock,
     call: Callable[[Job], ExecutionOutcome],
     timeout_outcome: Callable[[float | None], ExecutionOutcome],
+    parallelism: int | None = None,
+    observe: Callable[[int, float], object] | None = None,
+    flush: Callable[[list[tuple[int, ExecutionOutcome]]], object] | None = None,
 ) -> None:
-    """Run every job not yet settled; return once each one is settled."""
+    """Run every job not yet settled; return once each one is settled.
+
+    At most ``parallelism`` runners are inside plugins at once (``None``:
+    one per job). ``observe(index, seconds)`` is told, on the runner's
+    thread, how long (real time) each job's call took once it returned.
+    ``flush([(index, outcome), ...])`` is called on this thread with the
+    jobs whose plugin returned and whose result waited ``FLUSH_SECONDS``
+    while others still run (each job at most once; see the module)."""
     lock = threading.Lock()
     waiting = deque(i for i, s in enumerate(settlements) if s.outcome is None)
     started: dict[int, float] = {}  # job index -> clock time its plugin started
     runners: list[_Runner] = []
+    # Jobs whose plugin returned and that are not flushed yet, and the real
+    # time the first of them returned (None: none waits).
+    returned: list[int] = []
+    first_returned: list[float | None] = [None]
 
     def serve(runner: _Runner) -> None:
         while True:
@@ -102,9 +129,20 @@ def run_batch(
                 runner.current = index
                 runner.since = time.monotonic()
                 started[index] = clock.monotonic()
-            settlements[index].claim(call(jobs[index]))
+            outcome = call(jobs[index])
+            if observe is not None:
+                observe(index, time.monotonic() - runner.since)
+            won = settlements[index].claim(outcome)
+            first = False
             with lock:
                 runner.current = None
+                if won and flush is not None:
+                    returned.append(index)
+                    if first_returned[0] is None:
+                        first_returned[0] = time.monotonic()
+                        first = True
+            if first:
+                wake.set()  # the supervisor times this group's flush
 
     def add_runner() -> None:
         runner = _Runner()
@@ -115,7 +153,7 @@ def run_batch(
             wait_started=False,
         )
 
-    limit = len(waiting)
+    limit = len(waiting) if parallelism is None else min(len(waiting), parallelism)
     with lock:
         if waiting:
             add_runner()
@@ -158,12 +196,33 @@ def run_batch(
                 if i in started and (t := jobs[i].timeout) is not None
             ]
             queued = bool(waiting)
+            due: list[int] = []
+            flush_in: float | None = None
+            if first_returned[0] is not None:
+                flush_in = first_returned[0] + FLUSH_SECONDS - time.monotonic()
+                if flush_in <= 0:
+                    due, returned[:] = list(returned), []
+                    first_returned[0] = None
+                    flush_in = None
+        if due and flush is not None:
+            # Others still run: these commit without waiting for them.
+            flush([(i, outcome) for i in due if (outcome := settlements[i].outcome) is not None])
+            continue
         remaining = min(deadlines) - now if deadlines else None
-        if queued:
-            # Attempts still wait for a runner: look again after the ramp
-            # interval of real time, whatever the clock (a fake clock must not
-            # keep a batch from fanning out).
-            step = RAMP_SECONDS if remaining is None else min(RAMP_SECONDS, max(remaining, 0.0))
+        if queued or flush_in is not None:
+            # Attempts still wait for a runner (look again after the ramp
+            # interval), or a result waits for its flush: real time, whatever
+            # the clock (a fake clock must not keep a batch from fanning out
+            # or its results from committing).
+            step = min(
+                s
+                for s in (
+                    RAMP_SECONDS if queued else None,
+                    flush_in,
+                    None if remaining is None else max(remaining, 0.0),
+                )
+                if s is not None
+            )
             wake.wait(step)
         else:
             clock.wait(wake, remaining)

@@ -118,7 +118,7 @@ class Background:
         # Deleting old runs (``retention``: their age, or a RetentionPolicy),
         # from the actor's step next to the backstop.
         self.retention = PeriodicRetention.for_worker(
-            capabilities, settings.retention, clock=clock, holder=worker_id
+            capabilities, settings.retention, clock=clock, holder=worker_id, faults=faults
         )
         # Schedules: this worker takes part in firing them.
         self.scheduler = worker_scheduler(

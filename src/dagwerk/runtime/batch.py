@@ -2,17 +2,25 @@
 
 Per batch, instead of about ten transactions per delivery:
 
-1. one ``claim_deliveries``: the leases and the claims (on SQLite one
-   commit); rows whose claim was refused take the one-by-one path;
+1. one ``claim_deliveries`` of up to ``concurrency`` rows: the leases and
+   the claims (on SQLite one commit); when it came back full, a second one
+   claims ahead the rows of plugins the worker can start within the claim
+   ahead's horizon (:mod:`dagwerk.runtime.claim_ahead`; thread executor
+   only). Rows whose claim was refused take the one-by-one path;
 2. the reads every attempt would repeat, once per run (:class:`BatchReads`):
    lineage link, budget, and the outputs of all its attempts' plans;
 3. every attempt's abort signal is registered, then each run's status is
    read once: a cancellation that committed after the claim still stops the
    attempt before its plugin starts (WK-15);
-4. the plugins run in parallel (up to ``concurrency``);
-5. one ``complete_and_ack`` for every attempt that returned outputs, then one
+4. the plugins run in parallel (up to ``concurrency`` at once), each
+   plugin call timed for the claim ahead;
+5. one ``complete_and_ack`` for every attempt that returned outputs, from
+   whichever runner thread it returned on (a group commit), then one
    reconcile per run whose launch completed (:func:`complete_attempts`);
-   failures, timeouts, waits and cancellations settle one by one.
+   failures, timeouts, waits and cancellations settle one by one. Results
+   that returned while others still run settle as such a group once they
+   waited ``FLUSH_SECONDS`` (thread executor; ``runtime/_batch_exec.py``),
+   the rest when the batch ends.
    Where that is one unit of work (SQLite), the unit also claims the next
    batch (step 1 of the next round), so it sees the launches just made
    without a transaction of its own; a stopping worker gives such claims
@@ -30,6 +38,7 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 from collections import defaultdict
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
@@ -44,6 +53,7 @@ from dagwerk.orchestrator import OrchestratorCallbacks
 from dagwerk.runtime._inline import InlineRunner
 from dagwerk.runtime.actor import AdvancementActor, LoopHandedOver
 from dagwerk.runtime.attempts import Attempt, BatchReads
+from dagwerk.runtime.claim_ahead import ClaimAheadPolicy
 from dagwerk.runtime.clock import Clock
 from dagwerk.runtime.executors import (
     AttemptJob,
@@ -137,6 +147,13 @@ class BatchPath:
         self._step_finished = step_finished
         # Deliveries the last batch's completions claimed for the next batch.
         self.claimed_ahead: list[ClaimedDelivery] = []
+        # Claims beyond the concurrency: only where the batch's runners are
+        # bounded by it (the built-in thread executor) and attempts are timed.
+        self.ahead = ClaimAheadPolicy(
+            concurrency=settings.concurrency,
+            limit=settings.claim_ahead if type(executor) is ThreadExecutor else 0,
+            horizon=settings.claim_ahead_horizon,
+        )
 
     def process(self, wait_seconds: float) -> int | None:
         """Claim and run one batch; the number of rows leased, or ``None`` when
@@ -172,15 +189,31 @@ class BatchPath:
 
     def _claim(self, wait_seconds: float) -> list[ClaimedDelivery]:
         settings = self._settings
-        return self._batch_store.claim_deliveries(
+        served = self._served()
+        claims = self._batch_store.claim_deliveries(
             self._worker_id,
             limit=settings.concurrency,
             lease_seconds=settings.lease_bound(None),
             queues=settings.queues,
             wait_seconds=wait_seconds,
-            plugins=self._served(),
+            plugins=served,
             prefer_run=settings.prefer_run,
         )
+        if len(claims) < settings.concurrency or self._stopping.is_set():
+            return claims  # the queue is drained (or the worker stops): nothing ahead
+        count, plugins = self.ahead.plan(served)
+        if count:
+            claims.extend(
+                self._batch_store.claim_deliveries(
+                    self._worker_id,
+                    limit=count,
+                    lease_seconds=settings.lease_bound(None),
+                    queues=settings.queues,
+                    plugins=plugins,
+                    prefer_run=settings.prefer_run,
+                )
+            )
+        return claims
 
     def _run_claimed(self, claimed: list[ClaimedDelivery]) -> None:
         plans: dict[str, list[TaskRecord]] = defaultdict(list)
@@ -209,17 +242,22 @@ class BatchPath:
                 attempts.append(attempt)
         for attempt in attempts:
             self._monitor.add(attempt)
+        flushed: set[int] = set()  # id() of the attempts settled early
         try:
             runnable = self._still_running(attempts)
             if self._inlinable(runnable):
                 outcomes = [self._execute_inline(runnable[0], attempts)]
             else:
-                outcomes = self._execute_all(runnable)
+                outcomes = self._execute_all(runnable, flushed)
         except LoopHandedOver:
             raise  # the rest of this batch was finished by the thread it went to
         except BaseException:
             self._forget(attempts)
             raise
+        if flushed:
+            rest = [(a, o) for a, o in zip(runnable, outcomes, strict=True) if id(a) not in flushed]
+            runnable, outcomes = [a for a, _ in rest], [o for _, o in rest]
+            attempts = [a for a in attempts if id(a) not in flushed]
         self._finish(runnable, outcomes, attempts)
 
     def _finish(
@@ -227,11 +265,13 @@ class BatchPath:
         runnable: list[Attempt],
         outcomes: list[ExecutionOutcome | Exception],
         attempts: list[Attempt],
+        *,
+        claim_next: bool = True,
     ) -> None:
         self._task_logs.flush()  # the attempts' lines are stored before they settle
         attempts_settling(self._tracing, runnable, outcomes)
         try:
-            self._settle_all(runnable, outcomes)
+            self._settle_all(runnable, outcomes, claim_next=claim_next)
         finally:
             attempts_settled(self._tracing, runnable)
             self._forget(attempts)
@@ -270,10 +310,13 @@ class BatchPath:
 
             self._actor.hand_over(rest)
 
+        started = time.monotonic()
         try:
-            return self._inline.run(job, finish_elsewhere)
+            outcome = self._inline.run(job, finish_elsewhere)
         finally:
             entry.finish()
+        self.ahead.observe(attempt.node.plugin, time.monotonic() - started)
+        return outcome
 
     def _failed_in_worker(self, claim: ClaimedDelivery, exc: Exception) -> None:
         delivery = claim.delivery
@@ -299,10 +342,14 @@ class BatchPath:
                 runnable.append(attempt)
         return runnable
 
-    def _execute_all(self, attempts: list[Attempt]) -> list[ExecutionOutcome | Exception]:
+    def _execute_all(
+        self, attempts: list[Attempt], flushed: set[int]
+    ) -> list[ExecutionOutcome | Exception]:
+        """Every attempt's outcome; the thread executor's settle early (their
+        ``id()`` in ``flushed``) when they return while others still run."""
         executor = self._executor
         if type(executor) is ThreadExecutor and attempts:
-            return self._execute_threaded(executor, attempts)
+            return self._execute_threaded(executor, attempts, flushed)
 
         def run(attempt: Attempt) -> ExecutionOutcome | Exception:
             try:
@@ -318,12 +365,16 @@ class BatchPath:
         return [first, *(future.result() for future in futures)]
 
     def _execute_threaded(
-        self, executor: ThreadExecutor, attempts: list[Attempt]
+        self, executor: ThreadExecutor, attempts: list[Attempt], flushed: set[int]
     ) -> list[ExecutionOutcome | Exception]:
         """The built-in thread executor runs the whole batch: one plugin thread
-        per attempt, supervised by the loop thread (no thread per attempt waits)."""
+        per attempt, supervised by the loop thread (no thread per attempt waits).
+        Results that returned while others still run are settled from the
+        supervisor in a group commit of their own (:meth:`_flush_returned`),
+        without claiming the next batch."""
         results: list[ExecutionOutcome | Exception | None] = []
         jobs: list[AttemptJob] = []
+        started: list[Attempt] = []
         for attempt in attempts:
             try:
                 ctx = self._preparer.start(attempt)
@@ -331,20 +382,62 @@ class BatchPath:
                 results.append(exc)
                 continue
             results.append(None)
+            started.append(attempt)
             jobs.append(
                 AttemptJob(
                     attempt.spec.fn, attempt.inputs, ctx, attempt.timeout, attempt.entry.signal
                 )
             )
+        durations: list[float | None] = [None] * len(jobs)
+
+        def observe(index: int, seconds: float) -> None:
+            durations[index] = seconds
+
+        def flush(returned: list[tuple[int, ExecutionOutcome]]) -> None:
+            self._flush_returned([(started[i], outcome) for i, outcome in returned], flushed)
+
         try:
-            outcomes = iter(executor.execute_many(jobs, clock=self._clock))
+            outcomes = iter(
+                executor.execute_many(
+                    jobs,
+                    clock=self._clock,
+                    parallelism=self._settings.concurrency,
+                    observe=observe,
+                    flush=flush,
+                )
+            )
         finally:
             for attempt in attempts:
                 attempt.entry.finish()
+        for attempt, seconds in zip(started, durations, strict=True):
+            if seconds is not None:
+                self.ahead.observe(attempt.node.plugin, seconds)
         return [next(outcomes) if result is None else result for result in results]
 
+    def _flush_returned(
+        self, returned: list[tuple[Attempt, ExecutionOutcome]], flushed: set[int]
+    ) -> None:
+        """Settle the attempts whose plugins returned while others of their
+        batch still run, without waiting for those (the next batch is claimed
+        with the batch's last completions only)."""
+        attempts: list[Attempt] = []
+        outcomes: list[ExecutionOutcome | Exception] = []
+        for attempt, outcome in returned:
+            attempt.entry.finish()
+            attempts.append(attempt)
+            outcomes.append(outcome)
+            flushed.add(id(attempt))
+        try:
+            self._finish(attempts, outcomes, attempts, claim_next=False)
+        except Exception:  # the batch's other attempts are still supervised
+            _LOG.exception("settling %d early results of a batch failed", len(attempts))
+
     def _settle_all(
-        self, attempts: list[Attempt], outcomes: list[ExecutionOutcome | Exception]
+        self,
+        attempts: list[Attempt],
+        outcomes: list[ExecutionOutcome | Exception],
+        *,
+        claim_next: bool = True,
     ) -> None:
         settler = self._settler
         done: list[Attempt] = []
@@ -361,10 +454,18 @@ class BatchPath:
             else:
                 settler.settle_safely(attempt, outcome)
         if done:
-            self._complete_all(done, {id(a): o for a, o in zip(attempts, outcomes, strict=True)})
+            self._complete_all(
+                done,
+                {id(a): o for a, o in zip(attempts, outcomes, strict=True)},
+                claim_next=claim_next,
+            )
 
     def _complete_all(
-        self, done: list[Attempt], outcomes: dict[int, ExecutionOutcome | Exception]
+        self,
+        done: list[Attempt],
+        outcomes: dict[int, ExecutionOutcome | Exception],
+        *,
+        claim_next: bool = True,
     ) -> None:
         settler = self._settler
         settings = self._settings
@@ -391,7 +492,7 @@ class BatchPath:
         def expect() -> None:
             # The unit's launches may then insert the tasks this claim would
             # take first as already claimed (SQLite; see sql/_ahead.py).
-            if announcer is not None and not self._stopping.is_set():
+            if claim_next and announcer is not None and not self._stopping.is_set():
                 expected.append(
                     announcer.expect_claim(
                         self._worker_id,
@@ -405,7 +506,7 @@ class BatchPath:
         def claim_ahead() -> None:
             # Once announced, the claim is made even by a stopping worker: it
             # hands over what the launches claimed, which the stop gives back.
-            if any(expected) or not self._stopping.is_set():
+            if any(expected) or (claim_next and not self._stopping.is_set()):
                 ahead.extend(self._claim(0.0))
 
         stored_from = now_ns()

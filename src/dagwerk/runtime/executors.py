@@ -238,13 +238,25 @@ class ThreadExecutor:
         spawn(body, name=f"dagwerk-attempt-{ctx.task_id}")
         return _await_settlement(settlement, signal, timeout, clock)
 
-    def execute_many(self, jobs: Sequence[AttemptJob], *, clock: Clock) -> list[ExecutionOutcome]:
+    def execute_many(
+        self,
+        jobs: Sequence[AttemptJob],
+        *,
+        clock: Clock,
+        parallelism: int | None = None,
+        observe: Callable[[int, float], object] | None = None,
+        flush: Callable[[list[tuple[int, ExecutionOutcome]]], object] | None = None,
+    ) -> list[ExecutionOutcome]:
         """:meth:`execute` for several attempts at once, supervised by the
         calling thread; each attempt is settled by its result, its deadline
         (settled as a timeout before the abort fires, WK-10) or its abort
         signal, exactly as alone. The plugins run on pooled daemon threads,
-        as few as keep every attempt moving (see ``runtime/_batch_exec.py``).
-        Outcomes in job order."""
+        as few as keep every attempt moving and at most ``parallelism`` at
+        once (see ``runtime/_batch_exec.py``); ``observe(index, seconds)``
+        is told how long each returned call took; ``flush([(index, outcome)])``, on the
+        calling thread, gets the results that returned while others still
+        run once they waited a few milliseconds (``FLUSH_SECONDS``). Outcomes
+        in job order, flushed ones included."""
         wake = threading.Event()
         countdown = _Countdown(len(jobs), wake)
         settlements: list[Settlement] = []
@@ -263,6 +275,9 @@ class ThreadExecutor:
             clock=clock,
             call=call_job,
             timeout_outcome=timeout_outcome,
+            parallelism=parallelism,
+            observe=observe,
+            flush=flush,
         )
         outcomes: list[ExecutionOutcome] = []
         for job, settlement in zip(jobs, settlements, strict=True):

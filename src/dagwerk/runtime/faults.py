@@ -11,26 +11,30 @@ and its subclasses, by ``code``) is either
   (:meth:`FaultGate.park`) and commits them first when the store answers
   again; the first step without a store error clears the fault.
 - **fatal**: the database cannot be opened (permission denied, no such
-  directory), its schema is newer than this dagwerk, or it is damaged.
+  directory), its schema is newer than this dagwerk, it is damaged, or
+  its file was removed (or replaced) while the worker had it open.
   The worker's loop ends; :attr:`FaultGate.fatal` holds the error.
 
 Each fault is logged as one line (what failed, the path or server, the
 likely cause and what to do); repeats of the same fault at most once per
 ``log_interval`` with a count; the clearing once. The traceback is added
 only when the gate's logger (``dagwerk.runtime.faults``) is enabled for
-DEBUG, as ``dagwerk --debug`` sets it. Nothing here knows a driver: it
-reads codes only.
+DEBUG, as ``dagwerk --debug`` sets it. :meth:`FaultGate.wait_out` waits
+out a transient fault of a single call the same way (opening the store).
+Nothing here knows a driver: it reads codes only.
 """
 
 from __future__ import annotations
 
 import logging
+import math
 import os
 import shutil
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass
 from enum import StrEnum
+from typing import TypeVar
 
 from dagwerk.backends.errors import StoreUnavailableError
 from dagwerk.errors import DagwerkError
@@ -51,6 +55,8 @@ __all__ = [
 
 _LOG = logging.getLogger("dagwerk.runtime.faults")
 
+T = TypeVar("T")
+
 BACKOFF_MIN = 0.1
 """Seconds the worker pauses after the first failure of a fault."""
 BACKOFF_MAX = 5.0
@@ -58,7 +64,7 @@ BACKOFF_MAX = 5.0
 LOG_INTERVAL = 30.0
 """Seconds between two log lines of the same lasting fault."""
 
-FATAL_CODES = frozenset({"store_cannot_open", "schema_too_new", "store_corrupt"})
+FATAL_CODES = frozenset({"store_cannot_open", "schema_too_new", "store_corrupt", "store_gone"})
 """Store error codes that waiting does not cure: the worker stops."""
 
 _ADVICE = {
@@ -72,6 +78,10 @@ _ADVICE = {
     "store_cannot_open": "fix the path or its permissions and start again",
     "schema_too_new": "upgrade dagwerk, or point --db at a database of this version",
     "store_corrupt": "restore the database from a backup, or point --db at a dagwerk database",
+    "store_gone": (
+        "nothing this process writes reaches the database any more; put the database "
+        "back at its path (or point --db at where it is now) and start again"
+    ),
 }
 
 
@@ -279,6 +289,53 @@ class FaultGate:
                 cleared.failures,
             )
         return 0.0
+
+    def check_lasted(self, limit: float | None) -> None:
+        """Raise :class:`FaultLastedError` when the current fault lasted
+        ``limit`` seconds (``None``: no limit)."""
+        fault = self._current
+        if fault is None or limit is None:
+            return
+        lasted = fault.lasted(self.now())
+        if lasted >= limit:
+            raise FaultLastedError(
+                f"{fault.line} (the fault lasted {lasted:.0f}s, at most {limit:g}s allowed)",
+                field="fail_on_fault",
+                limit=math.ceil(limit),
+            )
+
+    def wait_out(
+        self,
+        call: Callable[[], T],
+        what: str,
+        *,
+        limit: float | None = None,
+        stop: threading.Event | None = None,
+    ) -> T:
+        """``call()``, called again after each transient store fault it
+        raises (noted here: one line, the capped backoff) until it answers.
+        A fatal fault or any other error is raised as it is; a fault that
+        lasted ``limit`` seconds raises :class:`FaultLastedError`; ``stop``
+        set ends the wait early by raising the fault itself."""
+        stop = stop or threading.Event()
+        while True:
+            try:
+                answer = call()
+            except Exception as exc:
+                if classify(exc) is not FaultKind.TRANSIENT:
+                    raise
+                self.note(exc, what)
+                self.check_lasted(limit)
+                pause = self.pause()
+                fault = self._current
+                if limit is not None and fault is not None:
+                    # The last attempt comes when the limit is reached.
+                    pause = min(pause, max(0.0, limit - fault.lasted(self.now())))
+                if self._clock.wait(stop, pause):
+                    raise
+                continue
+            self.pause()  # the clearing, said once
+            return answer
 
     # --- settlements that could not commit -------------------------------------------
 

@@ -28,6 +28,7 @@ from dagwerk.capabilities import StoreCapabilities
 from dagwerk.constants import RunStatus
 from dagwerk.errors import DagwerkError
 from dagwerk.runtime.clock import Clock, SystemClock
+from dagwerk.runtime.faults import FaultGate, log_failure
 from dagwerk.store import BackstopStore
 from dagwerk.store_retention import (
     DEFAULT_RETENTION_BATCH,
@@ -206,7 +207,8 @@ class RetentionPolicy:
 
 class PeriodicRetention:
     """The retention passes of one worker over ``store``; never raises into
-    its caller (a failed pass is logged and tried again next interval)."""
+    its caller (a failed pass is logged and tried again next interval; a
+    store fault is ``faults``'s to say)."""
 
     def __init__(
         self,
@@ -216,8 +218,10 @@ class PeriodicRetention:
         leases: BackstopStore | None = None,
         clock: Clock | None = None,
         holder: str = "retention",
+        faults: FaultGate | None = None,
     ) -> None:
         self.store = store
+        self.faults = faults
         self.policy = policy
         self.older_than = policy.seconds
         interval = parse_age(policy.interval, field="interval")
@@ -249,6 +253,7 @@ class PeriodicRetention:
         *,
         clock: Clock,
         holder: str,
+        faults: FaultGate | None = None,
     ) -> PeriodicRetention | None:
         """The worker's retention for its ``retention`` setting (``None``: none);
         a store without :class:`~dagwerk.store.RunRetentionStore` raises."""
@@ -265,6 +270,7 @@ class PeriodicRetention:
             leases=capabilities.backstop,
             clock=clock,
             holder=holder,
+            faults=faults,
         )
 
     def maybe_run(self) -> RetentionSummary | None:
@@ -297,8 +303,8 @@ class PeriodicRetention:
             ):
                 self._resume = False
                 return None
-        except Exception:
-            _LOG.exception("retention could not take its lease")
+        except Exception as exc:
+            log_failure(self.faults, _LOG, exc, "taking the retention lease")
             return None
         try:
             summary = delete_runs(
@@ -310,16 +316,16 @@ class PeriodicRetention:
                 after=self._cursor if self._resume else None,
                 on_cursor=self._remember,
             )
-        except Exception:
-            _LOG.exception("retention pass failed")
+        except Exception as exc:
+            log_failure(self.faults, _LOG, exc, "the retention pass")
             self._resume = False
             return None
         finally:
             if leases is not None:
                 try:
                     leases.release_lease(RETENTION_LEASE, self.holder)
-                except Exception:
-                    _LOG.exception("retention could not release its lease")
+                except Exception as exc:
+                    log_failure(self.faults, _LOG, exc, "releasing the retention lease")
         self.last_summary = summary
         if summary.runs:
             _LOG.info("retention deleted %d runs in %d batches", summary.runs, summary.batches)

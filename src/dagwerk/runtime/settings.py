@@ -22,6 +22,7 @@ from pathlib import Path
 from types import MappingProxyType
 from typing import TypedDict
 
+from dagwerk.constants import DEFAULT_CLAIM_AHEAD, MAX_CLAIM_AHEAD
 from dagwerk.errors import DagwerkError
 from dagwerk.lineage import DEFAULT_MAX_CHILD_DEPTH
 from dagwerk.runtime.backstop import DEFAULT_BACKSTOP_INTERVAL
@@ -31,7 +32,20 @@ from dagwerk.runtime.retention import RetentionPolicy
 from dagwerk.runtime.task_logs import TaskLogLimits
 from dagwerk.scheduling.scheduler import DEFAULT_SCHEDULE_INTERVAL
 
-__all__ = ["WorkerOptions", "WorkerSettings"]
+__all__ = [
+    "DEFAULT_CLAIM_AHEAD",
+    "DEFAULT_CLAIM_AHEAD_HORIZON",
+    "MAX_CLAIM_AHEAD",
+    "MAX_CLAIM_AHEAD_HORIZON",
+    "WorkerOptions",
+    "WorkerSettings",
+]
+
+DEFAULT_CLAIM_AHEAD_HORIZON = 0.05
+"""Seconds within which the worker must be able to start what it claims ahead."""
+
+MAX_CLAIM_AHEAD_HORIZON = 60.0
+"""The longest ``claim_ahead_horizon`` accepted (seconds)."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -64,6 +78,10 @@ class WorkerSettings:
       (``None``: :class:`~dagwerk.runtime.task_logs.TaskLogLimits` defaults).
     - ``schedule_interval``: seconds between scheduler passes (``None`` or 0:
       this worker fires no schedules).
+    - ``claim_ahead``: the most deliveries a batch claims beyond
+      ``concurrency`` (0: none), of plugins whose timed attempts let the
+      worker start them within ``claim_ahead_horizon`` seconds (see
+      :mod:`dagwerk.runtime.claim_ahead`; the thread executor's batches only).
     """
 
     concurrency: int = 1
@@ -86,11 +104,28 @@ class WorkerSettings:
     retention: float | timedelta | str | RetentionPolicy | None = None
     task_log_limits: TaskLogLimits | None = None
     schedule_interval: float | None = DEFAULT_SCHEDULE_INTERVAL
+    claim_ahead: int = DEFAULT_CLAIM_AHEAD
+    claim_ahead_horizon: float = DEFAULT_CLAIM_AHEAD_HORIZON
 
     def __post_init__(self) -> None:
         concurrency = self.concurrency
         if type(concurrency) is not int or concurrency < 1:
             raise DagwerkError("concurrency must be an int >= 1", field="concurrency")
+        ahead = self.claim_ahead
+        if type(ahead) is not int or not 0 <= ahead <= MAX_CLAIM_AHEAD:
+            raise DagwerkError(
+                f"claim_ahead must be an int from 0 to {MAX_CLAIM_AHEAD}", field="claim_ahead"
+            )
+        horizon = self.claim_ahead_horizon
+        if (
+            isinstance(horizon, bool)
+            or not isinstance(horizon, int | float)
+            or not 0 < horizon <= MAX_CLAIM_AHEAD_HORIZON
+        ):
+            raise DagwerkError(
+                f"claim_ahead_horizon must be seconds > 0 and <= {MAX_CLAIM_AHEAD_HORIZON}",
+                field="claim_ahead_horizon",
+            )
         # Checked before anything reads the store (WK-07).
         self._set("execution_root", validate_execution_root(self.execution_root))
         if not self.cancel_check_interval:
@@ -158,3 +193,5 @@ class WorkerOptions(TypedDict, total=False):
     retention: float | timedelta | str | RetentionPolicy | None
     task_log_limits: TaskLogLimits | None
     schedule_interval: float | None
+    claim_ahead: int
+    claim_ahead_horizon: float

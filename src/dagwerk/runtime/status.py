@@ -20,10 +20,10 @@ _LOG = logging.getLogger("dagwerk.runtime.worker")
 
 
 class RunStatusReader:
-    """Reads run statuses from ``store``; a failing read's store fault is
-    ``faults``'s to say (one line), any other error is logged."""
+    """Reads run statuses from ``store``; a store fault of a :meth:`safe`
+    read goes to ``faults``."""
 
-    def __init__(self, store: DagStore, faults: FaultGate | None = None) -> None:
+    def __init__(self, store: DagStore, *, faults: FaultGate | None = None) -> None:
         self._store = store
         self._faults = faults
 

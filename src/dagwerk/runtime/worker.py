@@ -173,7 +173,7 @@ class Worker:
         self.run_links: dict[str, RunLink | None] = FifoCache(LINKS_KEPT)
         # Set once stop() began: admission is closed.
         self.stopping = threading.Event()
-        self.status = RunStatusReader(store, faults)
+        self.status = RunStatusReader(store, faults=faults)
         # The latest reports only: a long-lived worker must not grow with
         # every delivery it ever handled.
         self.reports: deque[DeliveryReport] = deque(maxlen=REPORTS_KEPT)

@@ -20,6 +20,7 @@ from dagwerk.graph import validate_graph
 from dagwerk.json import FrozenDict
 from dagwerk.orchestrator import OrchestratorCallbacks, RunStartRejectedError, start_run
 from dagwerk.plugins import PluginMeta
+from dagwerk.runtime.faults import classify
 from dagwerk.schema import get_pipeline_input_schema, merge_run_input
 from dagwerk.store import DagRunStore, DagStore
 from dagwerk.store_schedules import NewRun, ScheduleFire, ScheduleRecord, ScheduleStore
@@ -116,7 +117,9 @@ def fire_tick(
 
 
 def start_pending(store: SchedulingStore, fires: Iterable[ScheduleFire]) -> list[str]:
-    """Start each fire's run that is still PENDING; the run IDs started."""
+    """Start each fire's run that is still PENDING; the run IDs started. A
+    store fault is raised (as by the status read before it): the runs stay
+    PENDING for the next pass."""
     started: list[str] = []
     for fire in fires:
         if fire.run_id is None:
@@ -127,7 +130,9 @@ def start_pending(store: SchedulingStore, fires: Iterable[ScheduleFire]) -> list
             start_run(store, fire.run_id, callbacks=_CALLBACKS)
         except RunStartRejectedError:
             continue  # cancelled meanwhile
-        except DagwerkError:
+        except DagwerkError as exc:
+            if classify(exc) is not None:
+                raise
             _LOG.exception("schedule %s: run %s did not start", fire.schedule_name, fire.run_id)
             continue
         started.append(fire.run_id)

@@ -38,7 +38,7 @@ from dagwerk.constants import RUN_TERMINAL_STATUSES
 from dagwerk.errors import DagwerkError
 from dagwerk.orchestrator import cancel_run
 from dagwerk.runtime.clock import Clock, SystemClock
-from dagwerk.runtime.faults import FaultGate
+from dagwerk.runtime.faults import FaultGate, log_failure
 from dagwerk.store_schedules import ScheduleFire, ScheduleRecord
 
 from .definitions import CatchupPolicy, FireSource, OverlapPolicy
@@ -126,8 +126,10 @@ class Scheduler:
 
     ``holder`` names this process in the lease. ``on_fire`` is called after
     each tick's record and run commit and before the run starts (tests use it
-    to kill a process at exactly that point). ``faults`` (a worker's fault
-    gate) is told of a pass's store fault instead of a traceback.
+    to kill a process at exactly that point). A store fault (a full disk, a
+    server gone) is ``faults``'s to say, as for the worker's other loops
+    (one line, repeats throttled); other errors are logged with their
+    traceback.
     """
 
     def __init__(
@@ -155,8 +157,8 @@ class Scheduler:
         self.lease_seconds = lease_seconds
         self.misfire_grace = misfire_grace
         self.on_fire = on_fire
+        self.faults = faults
         self.last_report: SchedulerReport | None = None
-        self._faults = faults
         self._last_purge: float | None = None
         self._holding = False
 
@@ -178,8 +180,8 @@ class Scheduler:
             self._holding = False
             try:
                 self._leases.release_lease(SCHEDULER_LEASE, self.holder)
-            except Exception:
-                _LOG.exception("scheduler could not release its lease")
+            except Exception as exc:
+                log_failure(self.faults, _LOG, exc, "releasing the scheduling lease")
 
     # --- one pass ----------------------------------------------------------------
 
@@ -188,9 +190,7 @@ class Scheduler:
         try:
             report = self._run_pass()
         except Exception as exc:  # a pass never raises into its caller
-            # A store fault is the worker's fault gate's to say (one line).
-            if self._faults is None or not self._faults.note(exc, "the scheduler's pass"):
-                _LOG.exception("scheduler pass failed")
+            log_failure(self.faults, _LOG, exc, "the scheduler pass")
             report = SchedulerReport(ran=False, errors=(_describe(exc),))
         self.last_report = report
         return report
@@ -212,7 +212,7 @@ class Scheduler:
             try:
                 self._schedule(record, state)
             except Exception as exc:  # one schedule never stops the pass
-                _LOG.exception("scheduler failed on schedule %s", record.name)
+                log_failure(self.faults, _LOG, exc, f"scheduling {record.name}")
                 state.errors.append(f"{record.name}: {_describe(exc)}")
         return SchedulerReport(
             ran=True,
@@ -231,8 +231,8 @@ class Scheduler:
         self._last_purge = now
         try:
             self._keys.purge_idempotency_keys()
-        except Exception:
-            _LOG.exception("scheduler could not purge expired idempotency keys")
+        except Exception as exc:
+            log_failure(self.faults, _LOG, exc, "purging expired idempotency keys")
 
     def due_ticks(self, record: ScheduleRecord, now: float) -> list[int] | None:
         """The ticks of ``record`` this pass fires at ``now``, oldest first;
@@ -391,7 +391,8 @@ def worker_scheduler(
     faults: FaultGate | None = None,
 ) -> SchedulerThread | None:
     """The scheduler thread of a worker (not started), or ``None`` when
-    ``interval`` is ``None``/0 or the store keeps no schedules."""
+    ``interval`` is ``None``/0 or the store keeps no schedules; its store
+    faults go to the worker's ``faults``."""
     seconds = check_schedule_interval(interval)
     capabilities = StoreCapabilities.of(store)
     if seconds is None or capabilities.schedules is None or capabilities.backstop is None:

@@ -129,17 +129,20 @@ class QueueMixin(SqlStoreBase):
             flown = self._lease_in_flights(worker_id, limit, lease, wanted, spent)
             self._bury_all(spent, flown)
             return flown
-        if serialised and self._write_mark() is None:
-            # One database-wide write lock (SQLite): an idle worker's poll
-            # must not take it just to find nothing, since every other
-            # writer would wait for that empty transaction. A read never
-            # waits for writers, so an empty queue is seen without it (and
-            # a unit of work that holds the lock already needs no look).
-            with self._gw.read() as tx:
-                if not tx.all(
-                    "queue_candidates", {**wanted.params(None), "now": self._now(), "limit": 1}
-                ):
-                    return []
+        # One database-wide write lock (SQLite): an idle worker's poll must
+        # not take it just to find nothing, since every other writer would
+        # wait for that empty transaction. A read never waits for writers, so
+        # an empty queue is seen without it, in one statement without BEGIN
+        # and COMMIT (and a unit of work that holds the lock needs no look).
+        if (
+            serialised
+            and self._write_mark() is None
+            and self._read_one(
+                "queue_candidates", {**wanted.params(None), "now": self._now(), "limit": 1}
+            )
+            is None
+        ):
+            return []
         with self._gw.write() as tx:
             # Tasks a launch of this unit just inserted need no read to be
             # claimed (the leases below touch only the queue's rows).

@@ -29,6 +29,7 @@ import logging
 import os
 import sqlite3
 import threading
+from urllib.parse import quote
 
 __all__ = ["BACKSTOP_PAGES", "COMMITS_PER_PASS", "IDLE_SECONDS", "Checkpointer"]
 
@@ -96,11 +97,21 @@ class Checkpointer:
                         continue
                     self._commits = 0
                 if conn is None:
-                    conn = sqlite3.connect(self.path, timeout=0, isolation_level=None)
+                    # mode=rw: a database removed meanwhile is not created anew.
+                    conn = sqlite3.connect(
+                        f"file:{quote(self.path)}?mode=rw",
+                        uri=True,
+                        timeout=0,
+                        isolation_level=None,
+                    )
                 self._pass(conn)
         except sqlite3.Error as exc:
             # The database went away, cannot be opened or its disk is full:
-            # the writers' automatic checkpoint still bounds the log.
+            # the writers' automatic checkpoint still bounds the log. A file
+            # no longer at its path is the gateway's to say (StoreGoneError).
+            if not os.path.exists(self.path):
+                _LOG.debug("background checkpoints of %s stopped: it is gone", self.path)
+                return
             _LOG.warning(
                 "background checkpoints of %s stopped (%s); the writers checkpoint instead",
                 self.path,

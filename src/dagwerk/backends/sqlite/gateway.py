@@ -26,6 +26,7 @@ from dagwerk.backends.errors import (
     StoreCannotOpenError,
     StoreCorruptError,
     StoreFullError,
+    StoreGoneError,
     StoreReadOnlyError,
     StoreUnavailableError,
 )
@@ -129,6 +130,36 @@ def _open_refusal(path: str, exc: sqlite3.Error) -> DagwerkError:
     return StoreCannotOpenError(f"cannot open {path!r}: {reason}", target=path)
 
 
+PLACE_CHECK_SECONDS = 1.0
+"""How often (at most) a gateway compares its open file with the file at its path."""
+
+
+def _identity(path: str) -> tuple[int, int] | None:
+    """The device and inode of the file at ``path``; ``None`` if unknown."""
+    try:
+        found = os.stat(path)
+    except OSError:
+        return None
+    return found.st_dev, found.st_ino
+
+
+def _gone_reason(path: str, identity: tuple[int, int]) -> str | None:
+    """Why the file at ``path`` is no longer the one with ``identity`` (the
+    file the connection has open), or ``None`` while it still is."""
+    try:
+        found = os.stat(path)
+    except FileNotFoundError:
+        directory = os.path.dirname(os.path.abspath(path))
+        if not os.path.isdir(directory):
+            return f"the database {path} was removed with its directory {directory}"
+        return f"the database file {path} was removed"
+    except OSError:
+        return None  # cannot tell (a directory made unreadable): the writes say
+    if (found.st_dev, found.st_ino) != identity:
+        return f"the database file {path} was replaced by another file"
+    return None
+
+
 class _Tx:
     """One open transaction on the gateway's connection."""
 
@@ -230,7 +261,17 @@ class SqliteGateway(Gateway):
         self.checkpointer = (
             None if self.in_memory or read_only else Checkpointer(os.path.realpath(path))
         )
+        # The open file's device and inode: a file removed (or replaced)
+        # under the connection, whose writes would reach no one, is found by
+        # comparing them with the path's, at most every PLACE_CHECK_SECONDS
+        # and after a failed transaction; from then on every call raises
+        # StoreGoneError.
+        self._identity: tuple[int, int] | None = None
+        self._next_place_check = 0.0
+        self._gone: str | None = None
         self._conn = self._connect()
+        if not self.in_memory:
+            self._identity = _identity(path)
         # A store dropped without close() closes its connection when it is
         # collected (not at interpreter exit, where daemon threads may still
         # use it), as Python's sqlite3 did by itself before 3.13 warned.
@@ -406,6 +447,8 @@ class SqliteGateway(Gateway):
     def _connection(self) -> sqlite3.Connection:
         if self._conn is None:
             raise StoreUnavailableError(f"store {self.path!r} is closed", target=self.path)
+        if self._identity is not None:
+            self._check_place(now=False)
         if os.getpid() != self._pid:
             # Forked: never touch the parent's connection.
             self._pid = os.getpid()
@@ -414,6 +457,20 @@ class SqliteGateway(Gateway):
         elif self._reopen and self._unit_tx is None:
             self._reconnect()
         return self._conn
+
+    def _check_place(self, *, now: bool) -> None:
+        """Raise :class:`StoreGoneError` once the open file is no longer the
+        one at its path; looked at most every ``PLACE_CHECK_SECONDS`` unless
+        ``now``."""
+        identity = self._identity
+        if self._gone is None and identity is not None:
+            clock = time.monotonic()
+            if not now and clock < self._next_place_check:
+                return
+            self._next_place_check = clock + PLACE_CHECK_SECONDS
+            self._gone = _gone_reason(self.path, identity)
+        if self._gone is not None:
+            raise StoreGoneError(f"{self._gone} while this process had it open", target=self.path)
 
     def _reconnect(self) -> None:
         """Open the file afresh after a write found it read-only: SQLite
@@ -624,9 +681,14 @@ class SqliteGateway(Gateway):
                 except sqlite3.Error as exc:
                     _rollback(conn)
                     raise translate_error(exc, "commit failed", self.path) from exc
-            except StoreReadOnlyError:
-                # The next transaction opens the file again (see _reconnect).
-                self._reopen = not self.read_only and not self.in_memory
+            except StoreUnavailableError as exc:
+                if isinstance(exc, StoreReadOnlyError):
+                    # The next transaction opens the file again (see _reconnect).
+                    self._reopen = not self.read_only and not self.in_memory
+                try:
+                    self._check_place(now=True)
+                except StoreGoneError as gone:
+                    raise gone from exc
                 raise
             finally:
                 if queue is not None and queued is not None:
