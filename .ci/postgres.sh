@@ -3,13 +3,14 @@
 # by this run, and print its URL on stdout (the only stdout line).
 #
 #   url=$(bash .ci/postgres.sh start DIR)   # DIR: where the cluster lives
-#   bash .ci/postgres.sh stop DIR
+#   bash .ci/postgres.sh stop DIR           # immediate stop; the data stays
+#   bash .ci/postgres.sh up DIR             # start it again, same port and data
 #
 # initdb refuses root, so the server's binaries run as the `postgres` user
 # with a data directory it owns. Debian keeps them off PATH, in
 # /usr/lib/postgresql/<version>/bin; the package is installed if missing.
 set -euo pipefail
-cmd=${1:?start|stop}
+cmd=${1:?start|stop|up}
 dir=${2:?cluster directory}
 
 find_bin() {
@@ -29,6 +30,14 @@ as_pg() {
   fi
 }
 
+# The server's options: its port ($1) on 127.0.0.1 and its socket in $dir.
+# Throw-away test cluster: durability is not what is under test here.
+run_server() {
+  as_pg "$bin/pg_ctl" -D "$dir/data" -l "$dir/server.log" -w -t 60 \
+    -o "-h 127.0.0.1 -p $1 -k $dir -c fsync=off -c synchronous_commit=off -c full_page_writes=off -c max_connections=200" \
+    start >&2
+}
+
 case "$cmd" in
 start)
   bin=$(find_bin)
@@ -45,13 +54,14 @@ start)
   rm -rf "$dir/data"
   if [ "$(id -u)" -eq 0 ]; then chown postgres "$dir"; fi
   as_pg "$bin/initdb" -D "$dir/data" -U postgres -A trust --no-sync -E UTF8 >"$dir/initdb.log" 2>&1
-  # Throw-away test cluster: durability is not what is under test here.
-  as_pg "$bin/pg_ctl" -D "$dir/data" -l "$dir/server.log" -w -t 60 \
-    -o "-h 127.0.0.1 -p $port -k $dir -c fsync=off -c synchronous_commit=off -c full_page_writes=off -c max_connections=200" \
-    start >&2
+  run_server "$port"
   as_pg "$bin/psql" -h 127.0.0.1 -p "$port" -U postgres -qc "CREATE DATABASE dagwerk_test" >&2
   echo "$port" >"$dir/port"
   echo "postgresql://postgres@127.0.0.1:$port/dagwerk_test"
+  ;;
+up)
+  bin=$(find_bin)
+  run_server "$(cat "$dir/port")"
   ;;
 stop)
   bin=$(find_bin)
@@ -60,7 +70,7 @@ stop)
   fi
   ;;
 *)
-  echo "usage: $0 start|stop DIR" >&2
+  echo "usage: $0 start|stop|up DIR" >&2
   exit 2
   ;;
 esac

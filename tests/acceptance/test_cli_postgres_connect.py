@@ -49,10 +49,10 @@ def with_part(url: str, *, user: str | None = None, dbname: str | None = None) -
 
 
 def assert_one_line_at_once(result: subprocess.CompletedProcess[str], took: float) -> str:
-    assert result.returncode == 1, result
+    assert result.returncode == 2, result  # a fatal store fault: waiting does not cure it
     lines = result.stderr.splitlines()
     assert len(lines) == 1, result.stderr
-    assert lines[0].startswith("error: cannot connect to PostgreSQL: ")
+    assert lines[0].startswith("error: cannot connect to PostgreSQL at ")
     assert took < AT_ONCE
     return lines[0]
 

@@ -24,7 +24,7 @@ from urllib.parse import quote
 import psycopg
 
 from dagwerk.backends.postgres import PostgresStore
-from dagwerk.constants import InputMode
+from dagwerk.constants import InputMode, RunStatus, TaskStatus
 from dagwerk.models import DagNode, EdgeSource, InputEdge
 
 HERE = Path(__file__).resolve().parent
@@ -126,6 +126,36 @@ def ledger_entries(ledger: Path) -> tuple[list[str], list[str]]:
     return sorted(n for n in names if not n.startswith("dup-")), [
         n for n in names if n.startswith("dup-")
     ]
+
+
+def assert_fan_settled_once(
+    store: PostgresStore, run_id: str, ledger: Path, items: int, stderr: str
+) -> None:
+    """A :func:`fan_nodes` run of ``items`` items completed with every task
+    settled once: each output published once, one completed attempt per
+    task, every attempt the store recorded ran once (an attempt a fault cut
+    short may have been replaced; it is recorded and ran once all the
+    same), no attempt ran twice and no delivery left."""
+    assert store.get_run_status(run_id) is RunStatus.COMPLETED, stderr
+    outputs = store.get_output_ids(run_id, 1)
+    assert len(outputs) == items == len(set(outputs))  # nothing lost, nothing twice
+    tasks = store.list_tasks(run_id)
+    assert len(tasks) == 1 + items + 1
+    assert {t.status for t in tasks} == {TaskStatus.COMPLETED}
+    entries, duplicates = ledger_entries(ledger)
+    assert duplicates == []  # no attempt ran twice
+    recorded = sorted(
+        f"{t.task_id.replace(':', '_')}.{a.number}"
+        for t in tasks
+        for a in store.list_attempts(t.task_id)
+    )
+    assert entries == recorded
+    for task in tasks:
+        completed = [
+            a for a in store.list_attempts(task.task_id) if a.status is TaskStatus.COMPLETED
+        ]
+        assert len(completed) == 1
+    assert store.list_deliveries() == []
 
 
 def open_store(url: str) -> PostgresStore:

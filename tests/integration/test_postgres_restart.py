@@ -11,52 +11,28 @@ twice, and SIGTERM still stops each worker cleanly.
 
 from __future__ import annotations
 
-import os
-import shutil
-import subprocess
 import sys
-import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from pg_workers import WorkerProcess, fan_nodes, ledger_entries, open_store, until
+from pg_cluster import Cluster, private_cluster
+from pg_workers import (
+    WorkerProcess,
+    assert_fan_settled_once,
+    fan_nodes,
+    ledger_entries,
+    open_store,
+    until,
+)
 
-from dagwerk.constants import RUN_TERMINAL_STATUSES, RunStatus, TaskStatus
+from dagwerk.constants import RUN_TERMINAL_STATUSES
 from dagwerk.orchestrator import OrchestratorCallbacks, start_run
 
-ROOT = Path(__file__).resolve().parents[2]
-SCRIPT = ROOT / ".ci" / "postgres.sh"
 RUN_ID = "run-1"
 HOLDS = 16
 
 pytestmark = pytest.mark.skipif(sys.platform == "win32", reason="uses pg_ctl and SIGTERM")
-
-
-class Cluster:
-    def __init__(self, folder: Path, url: str) -> None:
-        self.folder = folder
-        self.url = url
-
-    def restart(self) -> None:
-        binaries = sorted(Path("/usr/lib/postgresql").glob("*/bin"))
-        pg_ctl = str(binaries[-1] / "pg_ctl") if binaries else shutil.which("pg_ctl") or "pg_ctl"
-        command = [
-            pg_ctl,
-            "-D",
-            str(self.folder / "data"),
-            "-l",
-            str(self.folder / "server.log"),
-            "-m",
-            "fast",
-            "-w",
-            "-t",
-            "60",
-            "restart",
-        ]
-        if os.getuid() == 0:  # as .ci/postgres.sh does: the server runs as postgres
-            command = ["runuser", "-u", "postgres", "--", *command]
-        subprocess.run(command, check=True, capture_output=True, timeout=120)
 
 
 @pytest.fixture
@@ -64,25 +40,8 @@ def cluster(postgres_url: str) -> Iterator[Cluster]:
     """A cluster of this test's own (``postgres_url`` only gates the test:
     without a server in reach outside CI it is skipped like the others)."""
     del postgres_url
-    folder = Path(tempfile.mkdtemp(prefix="dagwerk-pg-restart-"))
-    folder.chmod(0o755)  # the server's user must reach its data directory
-    try:
-        started = subprocess.run(
-            ["bash", str(SCRIPT), "start", str(folder)],
-            check=True,
-            capture_output=True,
-            text=True,
-            timeout=300,
-        )
-        yield Cluster(folder, started.stdout.strip())
-    finally:
-        subprocess.run(
-            ["bash", str(SCRIPT), "stop", str(folder)],
-            check=False,
-            capture_output=True,
-            timeout=120,
-        )
-        shutil.rmtree(folder, ignore_errors=True)
+    with private_cluster() as made:
+        yield made
 
 
 def _noop(run_id: str) -> None:
@@ -117,26 +76,5 @@ def test_workers_survive_a_server_restart_and_finish_the_run(
             w.kill()
     stderr = "\n".join(w.stderr() for w in workers)
     assert codes == [0, 0], stderr
-    assert store.get_run_status(RUN_ID) is RunStatus.COMPLETED, stderr
-    outputs = store.get_output_ids(RUN_ID, 1)
-    assert len(outputs) == HOLDS == len(set(outputs))  # nothing lost, nothing twice
-    tasks = store.list_tasks(RUN_ID)
-    assert len(tasks) == 1 + HOLDS + 1
-    assert {t.status for t in tasks} == {TaskStatus.COMPLETED}
-    entries, duplicates = ledger_entries(ledger)
-    assert duplicates == []  # no attempt ran twice
-    recorded = sorted(
-        f"{t.task_id.replace(':', '_')}.{a.number}"
-        for t in tasks
-        for a in store.list_attempts(t.task_id)
-    )
-    # Every attempt of the store ran once (an attempt the restart cut short
-    # may have been replaced; it is recorded and ran once all the same).
-    assert entries == recorded
-    for task in tasks:
-        completed = [
-            a for a in store.list_attempts(task.task_id) if a.status is TaskStatus.COMPLETED
-        ]
-        assert len(completed) == 1
-    assert store.list_deliveries() == []
+    assert_fan_settled_once(store, RUN_ID, ledger, HOLDS, stderr)
     store.close()

@@ -33,13 +33,19 @@ class StoreUnavailableError(DagwerkError, RuntimeError):
         message: str,
         *,
         target: str | None = None,
+        advice: str | None = None,
         code: str | None = None,
         field: str | None = None,
         limit: int | None = None,
     ) -> None:
-        super().__init__(message, code=code, field=field, limit=limit)
+        super().__init__(
+            f"{message}; {advice}" if advice else message, code=code, field=field, limit=limit
+        )
         self.target = target
         """The database file's path or the server, where the backend knows it."""
+        self.advice = advice
+        """What the user does, where the backend knows it better than its
+        code does (the message ends with it)."""
 
 
 class StoreBusyError(StoreUnavailableError):
@@ -56,7 +62,8 @@ class StoreCorruptError(StoreUnavailableError):
 
 class StoreCannotOpenError(StoreUnavailableError):
     """The database cannot be opened at all: access to the file or its
-    directory is denied, or the directory does not exist."""
+    directory is denied, or the directory does not exist; or the database
+    server refuses the login, has no such database or rejects the URL."""
 
     code = "store_cannot_open"
 

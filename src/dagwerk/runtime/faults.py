@@ -119,6 +119,8 @@ def describe_fault(error: StoreUnavailableError) -> str:
             text = f"{text}: {target}"
         if error.code == "store_full" and os.path.isabs(target):
             text += _free_space(target)
+    if error.advice:
+        return text  # the backend's own advice ends the message
     advice = _ADVICE.get(error.code)
     return f"{text}; {advice}" if advice else text
 

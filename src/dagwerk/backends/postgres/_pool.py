@@ -1,5 +1,13 @@
-"""The PostgreSQL gateway's connections: a psycopg pool, and connections
-parked by reads, and pipeline mode without psycopg's context manager.
+"""The PostgreSQL gateway's connections: a pool of this process's own, and
+connections parked by reads, and pipeline mode without psycopg's context
+manager.
+
+The pool opens connections in the thread that needs one, when it needs
+one, so a failure to connect is that thread's typed error naming its cause
+(and the server), and a connection that works again is used at once: there
+are no background threads that retry on their own schedule or log each
+attempt. A connection found closed, broken, still in a transaction or in
+pipeline mode is closed instead of lent again.
 
 A read transaction ends by sending its ``COMMIT`` and parking its
 connection here instead of waiting for the acknowledgement (the server ends
@@ -21,15 +29,19 @@ from dataclasses import dataclass
 from typing import Any
 
 import psycopg
-import psycopg_pool
 
 from dagwerk.backends.errors import StoreUnavailableError
 
-from .errors import connect_failure, server_may_come_back
+from .errors import connect_error, server_address, server_may_come_back
 
 __all__ = ["Conn", "Connections", "Parked", "enter_pipeline", "leave_pipeline", "send_sync"]
 
 Conn = psycopg.Connection[dict[str, Any]]
+
+# The pause between two connection attempts to a server that refuses or
+# does not answer: doubled from the first to the last.
+_FIRST_PAUSE = 0.05
+_LAST_PAUSE = 1.0
 
 
 def enter_pipeline(conn: Conn) -> psycopg.Pipeline:
@@ -102,9 +114,16 @@ class Parked:
 class Connections:
     """This process's pool and parked connections.
 
-    After ``fork`` the child builds its own pool and forgets the parent's
-    parked connections without touching them: a connection must not cross
-    processes, and nothing here talks to the server when collected.
+    At most ``size`` connections are open at once (lent, parked or idle).
+    A thread that needs one takes the most recently parked one, else the
+    most recently used idle one, else opens one (while fewer than ``size``
+    are open), else waits for one to come back; it gives up at its
+    deadline with :class:`StoreUnavailableError`.
+
+    After ``fork`` the child forgets the parent's connections without
+    touching them (a connection must not cross processes, and psycopg does
+    not close a connection of another process when it is collected) and
+    opens its own.
     """
 
     def __init__(
@@ -114,125 +133,135 @@ class Connections:
         self._kwargs = kwargs
         self._size = size
         self._timeout = reconnect_timeout
+        self.where = server_address(url)
+        """The server, as ``host:port``, for messages."""
         self._lock = threading.Lock()
+        self._returned = threading.Condition(self._lock)
         self._pid = os.getpid()
         self._closed = False
         self._parked: list[Parked] = []
-        # Threads waiting in the pool: no connection is parked meanwhile.
+        self._idle: list[Conn] = []
+        # Open connections of this process: lent, parked, idle, or being opened.
+        self._open = 0
+        # Threads waiting for a connection: none is parked meanwhile.
         self._waiters = 0
-        self._pool: psycopg_pool.ConnectionPool[Conn] | None = self._open()
+        first = self.connect(time.monotonic() + reconnect_timeout)
+        self._idle.append(first)
+        self._open = 1
 
-    def _open(self) -> psycopg_pool.ConnectionPool[Conn]:
-        self._reach_server()
-        pool: psycopg_pool.ConnectionPool[Conn] = psycopg_pool.ConnectionPool(
-            self._url,
-            connection_class=psycopg.Connection,
-            kwargs=self._kwargs,
-            min_size=1,
-            max_size=self._size,
-            timeout=self._timeout,
-            reconnect_timeout=max(self._timeout, 1.0),
-            open=False,
-        )
-        try:
-            pool.open(wait=True, timeout=self._timeout)
-        except psycopg_pool.PoolTimeout as exc:
-            pool.close()
-            raise StoreUnavailableError(
-                f"cannot connect to the PostgreSQL server within {self._timeout}s"
-            ) from exc
-        return pool
+    def connect(self, deadline: float) -> Conn:
+        """A new connection outside the pool's count (the caller owns it).
 
-    def _reach_server(self) -> None:
-        """Return once one connection to the server succeeds; raise at once
-        if the server rejects it for good (host, database, role, password,
-        URL), after the reconnect timeout if it keeps refusing or timing out.
-
-        This comes before the pool so that a failure is one error naming its
-        cause; the pool's background threads would log every attempt and end
-        with a bare timeout.
+        Attempts repeat, with pauses from 0.05 s doubling to 1 s, while the
+        server refuses or does not answer and ``deadline``
+        (``time.monotonic()``) has not passed; a server that rejects the
+        connection for good (host, database, role, password, URL) fails at
+        once. Either failure is :class:`StoreUnavailableError` naming the
+        server and the cause.
         """
-        deadline = time.monotonic() + self._timeout
-        pause = 0.05
+        begun = time.monotonic()
+        pause = _FIRST_PAUSE
         while True:
             left = deadline - time.monotonic()
             try:
-                conn = psycopg.connect(
-                    self._url, connect_timeout=max(2, int(left)), **self._kwargs
+                conn: Conn = psycopg.connect(
+                    # libpq's timeout is whole seconds, and 1 means 2.
+                    self._url,
+                    connect_timeout=max(2, int(left) + 1),
+                    **self._kwargs,
                 )
             except psycopg.Error as exc:
-                reason = connect_failure(exc)
-                if not server_may_come_back(exc):
-                    raise StoreUnavailableError(f"cannot connect to PostgreSQL: {reason}") from exc
                 left = deadline - time.monotonic()
-                if left <= 0:
-                    raise StoreUnavailableError(
-                        f"cannot connect to the PostgreSQL server within {self._timeout}s: "
-                        f"{reason}"
-                    ) from exc
+                if not server_may_come_back(exc) or left <= 0:
+                    raise connect_error(exc, self.where, time.monotonic() - begun) from exc
                 time.sleep(min(pause, left))
-                pause = min(pause * 2, 1.0)
+                pause = min(pause * 2, _LAST_PAUSE)
                 continue
-            conn.close()
-            return
+            return conn
 
-    def _current(self) -> psycopg_pool.ConnectionPool[Conn]:
-        with self._lock:
-            if self._closed or self._pool is None:
-                raise StoreUnavailableError("the PostgreSQL store is closed")
-            if os.getpid() != self._pid:
-                # Forked: the parent's pool threads and sockets are not ours.
-                self._pid = os.getpid()
-                self._parked = []
-                self._pool = self._open()
-            return self._pool
+    def _check_process(self) -> None:
+        """Under the lock: refuse after ``close``; forget a parent's connections."""
+        if self._closed:
+            raise StoreUnavailableError("the PostgreSQL store is closed")
+        if os.getpid() != self._pid:
+            # Forked: the parent's connections and their sockets are not ours.
+            self._pid = os.getpid()
+            self._parked, self._idle, self._open, self._waiters = [], [], 0, 0
 
     def acquire(self, deadline: float) -> Conn | Parked:
         """A connection for a new transaction: the most recently parked one,
-        else one from the pool, waiting for it at most until ``deadline``
-        (``time.monotonic()``). Nothing is sent on it."""
-        pool = self._current()
+        else an idle or a new one, waiting for one to come back at most until
+        ``deadline`` (``time.monotonic()``). Nothing is sent on it."""
         with self._lock:
+            self._check_process()
             if self._parked:
                 return self._parked.pop()
-            self._waiters += 1
+            while True:
+                while self._idle:
+                    conn = self._idle.pop()
+                    if not (conn.closed or conn.broken):
+                        return conn
+                    self._open -= 1
+                    with suppress(psycopg.Error):
+                        conn.close()
+                if self._open < self._size:
+                    self._open += 1
+                    break
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    raise StoreUnavailableError(
+                        f"no PostgreSQL connection came free within {self._timeout}s "
+                        f"(all {self._size} of this process's connections to {self.where} "
+                        "are in use); raise pool_size or reconnect_timeout"
+                    )
+                self._waiters += 1
+                try:
+                    self._returned.wait(left)
+                finally:
+                    self._waiters -= 1
+                self._check_process()
         try:
-            conn: Conn = pool.getconn(timeout=max(0.1, deadline - time.monotonic()))
-        except psycopg_pool.PoolTimeout as exc:
-            raise StoreUnavailableError(
-                f"no PostgreSQL connection within {self._timeout}s: {exc}"
-            ) from exc
-        except psycopg_pool.PoolClosed as exc:
-            raise StoreUnavailableError("the PostgreSQL store is closed") from exc
-        finally:
-            with self._lock:
-                self._waiters -= 1
-        return conn
+            return self.connect(deadline)
+        except BaseException:
+            self._forget()
+            raise
+
+    def _forget(self) -> None:
+        """One open connection fewer (closed or never opened)."""
+        with self._lock:
+            if os.getpid() == self._pid and self._open > 0:
+                self._open -= 1
+            self._returned.notify()
 
     def park(self, parked: Parked) -> bool:
         """Keep ``parked`` for the next transaction; False (the caller then
         collects the acknowledgement and releases the connection) while a
         thread waits in the pool, after ``close`` or in another process."""
         with self._lock:
-            if self._waiters or self._closed or self._pool is None or os.getpid() != self._pid:
+            if self._waiters or self._closed or os.getpid() != self._pid:
                 return False
             self._parked.append(parked)
             return True
 
     def release(self, conn: Conn) -> None:
-        """Give ``conn`` back to the pool (a closed one is replaced there)."""
-        pool = self._pool
-        if pool is None or os.getpid() != self._pid:
-            with suppress(psycopg.Error):
-                conn.close()
-            return
-        if not conn.closed and conn.pgconn.pipeline_status != psycopg.pq.PipelineStatus.OFF:
-            # Left in pipeline mode by a failure: its protocol state is not
-            # known, so it is not lent again.
-            with suppress(psycopg.Error):
-                conn.close()
-        with suppress(psycopg_pool.PoolClosed):
-            pool.putconn(conn)
+        """Give ``conn`` back for the next transaction. One that is closed,
+        broken, inside a transaction or left in pipeline mode by a failure
+        (its protocol state is not known) is closed instead."""
+        if os.getpid() != self._pid:
+            return  # a connection of the parent's: not this process's to touch
+        reusable = (
+            not (conn.closed or conn.broken)
+            and conn.pgconn.pipeline_status == psycopg.pq.PipelineStatus.OFF
+            and conn.pgconn.transaction_status == psycopg.pq.TransactionStatus.IDLE
+        )
+        with self._lock:
+            if reusable and not self._closed and os.getpid() == self._pid:
+                self._idle.append(conn)
+                self._returned.notify()
+                return
+        with suppress(psycopg.Error):
+            conn.close()
+        self._forget()
 
     def release_after_error(self, conn: Conn) -> None:
         """Give back a connection whose transaction failed, rolled back first."""
@@ -244,7 +273,7 @@ class Connections:
         self.release(conn)
 
     def discard(self, conn: Conn) -> None:
-        """Throw ``conn`` away; the pool opens a replacement."""
+        """Throw ``conn`` away; the next ``acquire`` may open a replacement."""
         with suppress(psycopg.Error):
             conn.close()
         self.release(conn)
@@ -252,16 +281,18 @@ class Connections:
     def close(self) -> None:
         """Close every connection of this process; the pool is unusable after."""
         with self._lock:
-            pool, self._pool = self._pool, None
             parked, self._parked = self._parked, []
+            idle, self._idle = self._idle, []
             self._closed = True
-        if os.getpid() != self._pid:
+            self._returned.notify_all()
+            mine = os.getpid() == self._pid
+        if not mine:
             return
         for entry in parked:
-            # Closed here, not given back: the pool closes only what it holds.
             with suppress(psycopg.Error):
                 entry.conn.close()
             with suppress(psycopg.Error):
                 leave_pipeline(entry.conn, entry.pipeline)
-        if pool is not None:
-            pool.close()
+        for conn in idle:
+            with suppress(psycopg.Error):
+                conn.close()

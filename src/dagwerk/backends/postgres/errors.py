@@ -7,9 +7,11 @@ import re
 from collections.abc import Mapping
 
 import psycopg
+from psycopg.conninfo import conninfo_to_dict
 
 from dagwerk.backends.errors import (
     StoreBusyError,
+    StoreCannotOpenError,
     StoreCorruptError,
     StoreFullError,
     StoreReadOnlyError,
@@ -20,8 +22,11 @@ from dagwerk.store import InvalidStoreValueError, OutputPublicationError, StoreC
 
 __all__ = [
     "check_params",
+    "connect_error",
     "connect_failure",
     "is_connection_error",
+    "lost_connection_error",
+    "server_address",
     "server_may_come_back",
     "translate_error",
 ]
@@ -42,14 +47,34 @@ _CONNECTION_STATES = frozenset({"57P01", "57P02", "57P03"})
 # to connect (an unknown host, database or role, a wrong password, a bad
 # option in the URL) stays the same however long one waits. libpq sets no
 # SQLSTATE on a failed connection, so its text is all there is.
+_STARTING_TEXT = (
+    r"the database system is (?:starting up|shutting down|in recovery mode|not yet accepting)"
+)
+_FULL_TEXT = (
+    r"too many clients already|remaining connection slots are reserved"
+    r"|too many connections for (?:role|database)"
+)
 _COMES_BACK = re.compile(
     r"Connection refused|timeout expired|timed out|Connection reset|No route to host"
     r"|Network is unreachable|server closed the connection unexpectedly"
     r"|Temporary failure in name resolution|could not receive data from server"
-    r"|the database system is (?:starting up|shutting down|in recovery mode|not yet accepting)"
-    r"|sorry, too many clients already|remaining connection slots are reserved",
+    rf"|{_STARTING_TEXT}|{_FULL_TEXT}",
     re.IGNORECASE,
 )
+_REFUSED = re.compile(r"Connection refused", re.IGNORECASE)
+_STARTING = re.compile(_STARTING_TEXT, re.IGNORECASE)
+_FULL = re.compile(_FULL_TEXT, re.IGNORECASE)
+_LOGIN = re.compile(
+    r"password authentication failed|no pg_hba\.conf entry|role \S+ does not exist"
+    r"|no password supplied|authentication failed|peer authentication",
+    re.IGNORECASE,
+)
+# libpq's "connection to server at "HOST" (ADDRESS), port N failed: FATAL: ".
+_SERVER_PREFIX = re.compile(
+    r'^connection to server (?:at|on socket) "[^"]*"(?: \([^)]*\))?(?:, port \d+)? failed: '
+    r"(?:FATAL: +)?"
+)
+_NO_DATABASE = re.compile(r"database \S+ does not exist", re.IGNORECASE)
 
 
 def check_params(
@@ -104,6 +129,81 @@ def connect_failure(exc: psycopg.Error) -> str:
     ``connection failed:`` prefix and the layout whitespace removed)."""
     text = " ".join(str(exc).split())
     return text.removeprefix("connection failed: ") or type(exc).__name__
+
+
+def _connect_reason(exc: psycopg.Error) -> str:
+    """:func:`connect_failure` without the server's address (the message
+    names it) and libpq's severity word."""
+    return _SERVER_PREFIX.sub("", connect_failure(exc)) or type(exc).__name__
+
+
+def server_address(url: str) -> str:
+    """The server a URL names, as ``host:port`` (a socket directory as its
+    socket path), for messages; libpq's defaults where the URL names none."""
+    try:
+        info = conninfo_to_dict(url)
+    except psycopg.Error:
+        return "the PostgreSQL server"
+    host = str(info.get("host") or info.get("hostaddr") or "localhost")
+    port = str(info.get("port") or "5432")
+    if host.startswith("/"):
+        return f"{host.rstrip('/')}/.s.PGSQL.{port}"
+    if ":" in host and "," not in host:
+        return f"[{host}]:{port}"  # an IPv6 address
+    return f"{host}:{port}"
+
+
+def connect_error(exc: psycopg.Error, where: str, waited: float) -> StoreUnavailableError:
+    """The typed error of a failed connection attempt to the server at
+    ``where`` after ``waited`` seconds of trying: its likely cause and what to
+    do, on one line. A server that rejects the client for good (login,
+    database, URL) is :class:`StoreCannotOpenError`."""
+    reason = _connect_reason(exc)
+    prefix = f"cannot connect to PostgreSQL at {where}"
+    tried = f"tried for {waited:.1f}s"
+    if not server_may_come_back(exc):
+        if _LOGIN.search(reason):
+            return StoreCannotOpenError(
+                f"{prefix}: the server refused the login ({reason})",
+                target=where,
+                advice="fix the user or password in the store URL",
+            )
+        if _NO_DATABASE.search(reason):
+            return StoreCannotOpenError(
+                f"{prefix}: {reason}",
+                target=where,
+                advice="create the database or fix the store URL",
+            )
+        return StoreCannotOpenError(
+            f"{prefix}: {reason}", target=where, advice="fix the store URL and start again"
+        )
+    if _REFUSED.search(reason):
+        cause, advice = (
+            "the server refused the connection",
+            "start the server and the run continues",
+        )
+    elif _STARTING.search(reason):
+        cause = "the server is starting up or shutting down"
+        advice = "the run continues once it accepts connections"
+    elif _FULL.search(reason):
+        cause = "every connection slot is taken"
+        advice = "close other clients or raise the server's max_connections"
+    else:
+        cause, advice = f"no answer ({reason})", "check the server and the network"
+    return StoreUnavailableError(f"{prefix}: {cause} ({tried})", target=where, advice=advice)
+
+
+def lost_connection_error(exc: psycopg.Error, where: str, what: str) -> StoreUnavailableError:
+    """The typed error of a connection to ``where`` lost during a call; ``what``
+    says what became of the call's transaction."""
+    if (exc.sqlstate or "") in _CONNECTION_STATES:
+        why = "the server shut down or restarted"
+    else:
+        why = "the server or the network closed it"
+    reason = " ".join(str(exc).split()) or type(exc).__name__
+    return StoreUnavailableError(
+        f"lost the connection to PostgreSQL at {where} ({why}: {reason}); {what}", target=where
+    )
 
 
 def translate_error(exc: psycopg.Error, context: str) -> DagwerkError:

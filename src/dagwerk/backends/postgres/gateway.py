@@ -32,13 +32,19 @@ import psycopg
 from psycopg.conninfo import conninfo_to_dict
 from psycopg.rows import dict_row
 
-from dagwerk.backends.errors import StoreUnavailableError
+from dagwerk.backends.errors import StoreCannotOpenError, StoreUnavailableError
 from dagwerk.backends.sql.gateway import Gateway, Params, Row, load_queries
+from dagwerk.errors import DagwerkError
 
 from ._pool import Conn, Connections, Parked, enter_pipeline, leave_pipeline, send_sync
 from ._set_writes import SET_WRITES_PATH, SetWrite, load_set_writes
 from ._statements import Statement, parse_block
-from .errors import check_params, is_connection_error, translate_error
+from .errors import (
+    check_params,
+    is_connection_error,
+    lost_connection_error,
+    translate_error,
+)
 
 __all__ = [
     "NOTIFY_CHANNEL",
@@ -291,19 +297,27 @@ class _Tx:
             return "commit failed"
         return "query " + " or ".join(repr(n) for n in names) + " failed"
 
+    def error(self, exc: psycopg.Error, context: str) -> DagwerkError:
+        """The typed error of ``exc``: a lost connection names the server and
+        what became of the transaction."""
+        if not is_connection_error(exc, self._conn):
+            return translate_error(exc, context)
+        if self._committed:
+            fate = "the write may or may not have been applied"
+        elif self._write:
+            fate = "the transaction was rolled back: nothing of it was applied"
+        else:
+            fate = "retry the call"
+        return lost_connection_error(exc, self._gateway.connections.where, fate)
+
     def _call(
         self, kind: str, name: str, params: Params | None, rows: list[Params] | None = None
     ) -> Any:
         try:
             return self._attempt(kind, name, params, rows)
         except psycopg.Error as exc:
-            if self._committed and is_connection_error(exc, self._conn):
-                raise StoreUnavailableError(
-                    "the connection was lost while committing; the write may or may not "
-                    f"have been applied: {exc}"
-                ) from exc
             if self._write or not is_connection_error(exc, self._conn):
-                raise translate_error(exc, self._context(name)) from exc
+                raise self.error(exc, self._context(name)) from exc
             cause = exc
         # A read lost its connection after its snapshot began: replay what it
         # has seen on a new snapshot, and go on only if nothing changed.
@@ -319,9 +333,7 @@ class _Tx:
                     ) from cause
             return self._attempt(kind, name, params, rows)
         except psycopg.Error as again:
-            raise translate_error(
-                again, f"query {name!r} failed after a lost connection"
-            ) from again
+            raise self.error(again, f"query {name!r} failed after a lost connection") from again
 
     # -- the Tx protocol ------------------------------------------------------------------
 
@@ -400,7 +412,7 @@ class _Tx:
                 self._attempt("begin", "", None)
             self._unpipe()
         except psycopg.Error as exc:
-            raise translate_error(exc, self._context(None)) from exc
+            raise self.error(exc, self._context(None)) from exc
         return self._conn
 
     def commit(self) -> None:
@@ -447,12 +459,9 @@ class _Tx:
                 # Every statement of the read has returned from its snapshot;
                 # its results stand without the acknowledgement.
                 return
-            if self._write and lost:
-                raise StoreUnavailableError(
-                    "the connection was lost while committing; the write may or may not "
-                    f"have been applied: {exc}"
-                ) from exc
-            raise translate_error(exc, context) from exc
+            if lost:
+                self._committed = True  # the COMMIT went out
+            raise self.error(exc, context) from exc
         connections.release(conn)
 
     def abort(self) -> None:
@@ -538,17 +547,14 @@ class PostgresGateway(Gateway):
             kwargs["options"] = f"{given} -c search_path={self.schema}".strip()
         return kwargs
 
-    def connect(self) -> Conn:
-        """A new connection outside the pool (for LISTEN); the caller closes it."""
-        try:
-            conn: Conn = psycopg.connect(
-                self.url,
-                connect_timeout=max(1, int(self.reconnect_timeout)),
-                **self.connect_kwargs(),
-            )
-        except psycopg.Error as exc:
-            raise translate_error(exc, "cannot connect") from exc
-        return conn
+    def connect(self, deadline: float | None = None) -> Conn:
+        """A new connection outside the pool (for LISTEN); the caller closes it.
+        A server that refuses or does not answer is tried again until
+        ``deadline`` (``time.monotonic()``; default: the reconnect timeout
+        from now), as the pool does."""
+        if deadline is None:
+            deadline = time.monotonic() + self.reconnect_timeout
+        return self.connections.connect(deadline)
 
     # -- transactions -------------------------------------------------------------------
 
@@ -577,7 +583,7 @@ class PostgresGateway(Gateway):
             conn = conn_tx.plain()
             conn.execute(sql.encode("utf-8"), prepare=False)
         except psycopg.Error as exc:
-            raise translate_error(exc, "migration failed") from exc
+            raise conn_tx.error(exc, "migration failed") from exc
 
     # -- waking idle workers --------------------------------------------------------------
 
@@ -608,7 +614,15 @@ class PostgresGateway(Gateway):
         listener = self._listener
         if listener is None or listener.closed or self._listener_pid != os.getpid():
             self._listener = None
-            listener = self.connect()
+            try:
+                listener = self.connect(time.monotonic() + max(0.0, timeout))
+            except StoreCannotOpenError:
+                raise
+            except StoreUnavailableError:
+                # The server stayed out of reach for the whole wait: say
+                # "maybe work", so the caller looks (and its own call
+                # reports the fault).
+                return True
             try:
                 listener.execute(f"LISTEN {NOTIFY_CHANNEL}")
             except psycopg.Error as exc:

@@ -19,7 +19,10 @@ from .errors import translate_error
 from .gateway import PostgresGateway
 from .migrations import migrate
 
-__all__ = ["PostgresStore", "postgres_url", "split_schema"]
+__all__ = ["DEFAULT_RECONNECT_TIMEOUT", "PostgresStore", "postgres_url", "split_schema"]
+
+DEFAULT_RECONNECT_TIMEOUT = 30.0
+"""Seconds a call waits for a server that refuses or does not answer."""
 
 _SCHEMES = ("postgresql", "postgres")
 # Schema names are spliced into DDL and connection options, so only plain
@@ -41,22 +44,51 @@ def postgres_url(url: object) -> str:
 def split_schema(url: str) -> tuple[str, str | None]:
     """``url`` without its ``schema=NAME`` query parameter, and ``NAME``
     (None if there is none). libpq refuses query parameters it does not
-    know, so dagwerk's own one is taken out before the driver sees the URL;
-    the other parameters are kept byte for byte."""
+    know, so dagwerk's own ones are taken out before the driver sees the
+    URL; the other parameters are kept byte for byte."""
+    return _take_param(url, "schema")
+
+
+def _take_param(url: str, name: str) -> tuple[str, str | None]:
+    """``url`` without its query parameter ``name``, and that parameter's value."""
     base, mark, query = url.partition("?")
     if not mark:
         return url, None
     kept: list[str] = []
-    schema: str | None = None
+    value: str | None = None
     for part in query.split("&"):
-        key, _, value = part.partition("=")
-        if unquote(key) == "schema":
-            schema = unquote(value)
+        key, _, given = part.partition("=")
+        if unquote(key) == name:
+            value = unquote(given)
         else:
             kept.append(part)
-    if schema is None:
+    if value is None:
         return url, None
-    return (f"{base}?{'&'.join(kept)}" if kept else base), schema
+    return (f"{base}?{'&'.join(kept)}" if kept else base), value
+
+
+def _reconnect_timeout(given: float | None, in_url: str | None) -> float:
+    """The reconnect timeout of the keyword or of ``?reconnect_timeout=``."""
+    if in_url is not None:
+        try:
+            parsed = float(in_url)
+        except ValueError:
+            parsed = -1.0
+        if given is not None and given != parsed:
+            raise InvalidStoreValueError(
+                f"reconnect_timeout {given} and the URL's ?reconnect_timeout={in_url} differ; "
+                "give one",
+                field="reconnect_timeout",
+            )
+        given = parsed
+    value = DEFAULT_RECONNECT_TIMEOUT if given is None else given
+    if isinstance(value, bool) or not isinstance(value, int | float) or not 0 < value <= 86400:
+        raise InvalidStoreValueError(
+            "reconnect_timeout must be a number of seconds > 0 and at most 86400 (a day)",
+            field="reconnect_timeout",
+            limit=86400,
+        )
+    return float(value)
 
 
 class PostgresStore(SqlStore):
@@ -81,10 +113,12 @@ class PostgresStore(SqlStore):
     PostgreSQL schema (created if missing; default: the connection's current
     schema, usually ``public``).
     ``pool_size`` bounds this process's connections; ``reconnect_timeout``
-    is how long a call (and opening) waits for a server that refuses or
-    times out (a restart, say) before ``StoreUnavailableError``; a server
-    that rejects the connection (unknown database or role, wrong password)
-    and an unknown host fail at once, naming the cause.
+    (or ``?reconnect_timeout=SECONDS`` in the URL; default 30 s, at most a
+    day) is how long a call (and opening) waits for a server that refuses
+    or times out (a restart, say) before ``StoreUnavailableError`` naming
+    the server and the cause; a server that rejects the connection (unknown
+    database or role, wrong password) and an unknown host fail at once
+    with ``StoreCannotOpenError``.
     ``application_name`` labels the connections in ``pg_stat_activity``.
     ``clock``, ``max_deliveries``, ``default_queue`` and ``default_priority``
     are as for
@@ -102,10 +136,12 @@ class PostgresStore(SqlStore):
         default_priority: int = 0,
         pool_size: int = 4,
         schema: str | None = None,
-        reconnect_timeout: float = 30.0,
+        reconnect_timeout: float | None = None,
         application_name: str = "dagwerk",
     ) -> None:
-        url, in_url = split_schema(postgres_url(url))
+        url, timeout_in_url = _take_param(postgres_url(url), "reconnect_timeout")
+        reconnect_timeout = _reconnect_timeout(reconnect_timeout, timeout_in_url)
+        url, in_url = split_schema(url)
         if in_url is not None:
             if schema is not None and schema != in_url:
                 raise InvalidStoreValueError(
