@@ -193,6 +193,45 @@ def test_engine_cancel_ends_the_runs_span(tmp_path: Path, url: str) -> None:
     assert run["start"] <= submit["end"] <= run["end"]
 
 
+@pytest.mark.parametrize("url", ["memory", "sqlite"])
+def test_engine_cancel_ends_the_spans_of_the_child_runs_it_cancels(
+    tmp_path: Path, url: str
+) -> None:
+    body = """
+        def hold(inputs, ctx):
+            ctx.wait("gate")
+            return {}
+
+        def parent(inputs, ctx):
+            ctx.wait_for_child(ctx.start_child([DagNode(slug="h", plugin="hold")], run_id="kid"))
+            return {}
+
+        engine.plugin("hold")(hold)
+        engine.plugin("parent")(parent)
+        worker = engine.worker(concurrency=2)
+        worker.start()
+        try:
+            run_id = engine.submit([DagNode(slug="p", plugin="parent")])
+            deadline = time.monotonic() + 60
+            while engine.get_run("kid") is None or not any(
+                t.status.value == "waiting" for t in engine.list_tasks("kid")
+            ):
+                assert time.monotonic() < deadline, "the child run never waited"
+                time.sleep(0.02)
+            assert engine.cancel(run_id)
+        finally:
+            worker.stop()
+    """
+    spans = _traced_run(tmp_path, url, body)
+    ended = {
+        s["attributes"]["dagwerk.run_id"]: s["attributes"]["dagwerk.outcome"]
+        for s in spans
+        if s["name"] == "dagwerk.run"
+    }
+    assert ended.get("kid") == "cancelled", ended
+    assert list(ended.values()) == ["cancelled", "cancelled"], ended
+
+
 def test_without_a_configured_sdk_opentelemetry_is_never_imported(tmp_path: Path) -> None:
     script = f"""
 import sys

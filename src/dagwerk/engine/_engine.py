@@ -574,10 +574,33 @@ class Engine(ScheduleMethods, ViewMethods):
     def cancel(self, run_id: str, reason: str | None = None) -> bool:
         """Cancel a PENDING or RUNNING run; whether this call cancelled it."""
         self._require_run(run_id)
+        # The child runs still open end with it: each gets its span too.
+        open_children = self._open_descendants(run_id)
         cancelled = cancel_run(self._store, run_id, callbacks=_CALLBACKS, reason=reason)
         if cancelled:
-            record_run_end(self._capabilities.run_traces, self._store, run_id, "cancelled")
+            traces = self._capabilities.run_traces
+            record_run_end(traces, self._store, run_id, "cancelled")
+            for child in open_children:
+                record = self._store.get_run(child)
+                if record is not None and record.status is RunStatus.CANCELLED:
+                    record_run_end(traces, self._store, child, "cancelled")
         return cancelled
+
+    def _open_descendants(self, run_id: str) -> list[str]:
+        """The child runs of ``run_id`` (and theirs) not yet terminal."""
+        children = self._capabilities.children
+        if children is None:
+            return []
+        found: list[str] = []
+        pending = list(children.list_child_runs(run_id))
+        while pending:
+            child = pending.pop()
+            record = self._store.get_run(child)
+            if record is None or record.status in RUN_TERMINAL_STATUSES:
+                continue
+            found.append(child)
+            pending.extend(children.list_child_runs(child))
+        return found
 
     def retry(self, run_id: str, boundary: Sequence[str] | None = None) -> RunRetryResult:
         """Reopen a FAILED, CRASHED or CANCELLED run and queue the affected work.
