@@ -30,6 +30,7 @@ from dagwerk.backends.errors import StoreUnavailableError
 from dagwerk.backends.postgres import PostgresStore
 from dagwerk.backends.postgres import gateway as pg_gateway
 from dagwerk.constants import RunStatus, TaskStatus
+from dagwerk.frontier import reconcile_after_completion
 from dagwerk.models import EmittedOutput
 from dagwerk.orchestrator import reconcile_run
 from dagwerk.store import (
@@ -343,6 +344,56 @@ def test_a_large_launch_sends_its_rows_in_slices_without_waiting_for_them(
     inserts = [name for _, name in made if name in ("task_insert", "delivery_insert")]
     assert inserts == ["task_insert", "delivery_insert"] * 3, made
     assert trips == [len(_waited(made)) + 1], made
+
+
+def test_the_reconcile_after_a_chain_step_costs_four_round_trips(
+    proxy: DelayProxy, schema: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """After a chain step completes, the reads of each store call go in one
+    flight: the frontier (the run and the nodes), the child's planning
+    snapshot (the run, the sources' launches, the token's nodes and the
+    sources' outputs) and the launch's reads (the run under its lock, the
+    token's nodes, the node's launch and the outputs the plans name); the
+    launch's writes ride its COMMIT. Four round trips in all (twelve when
+    each read waited for its own)."""
+    with PostgresStore(proxy.url, schema=schema) as store:
+        log = new_run(store, chain(2))
+        (entry,) = store.claim_deliveries("w", limit=1, lease_seconds=60.0)
+        request = CompletionRequest(
+            delivery_id=entry.delivery.delivery_id,
+            task_id=entry.delivery.task_id,
+            expected_attempt_id=entry.delivery.attempt_id,
+            outputs=emit("out-0", k=1),
+            run_id="run-1",
+        )
+        (outcome,) = store.complete_and_ack("w", [request])
+        assert isinstance(outcome, TaskCompletionResult) and outcome.launch_complete
+        counted: dict[str, list[int]] = {}
+
+        def counting(name: str) -> None:
+            call = getattr(store, name)
+
+            def wrapped(*args: Any, **kwargs: Any) -> Any:
+                with proxy.count() as trips:
+                    result = call(*args, **kwargs)
+                counted.setdefault(name, []).extend(trips)
+                return result
+
+            monkeypatch.setattr(store, name, wrapped)
+
+        for name in ("get_run_frontier", "get_planning_snapshot", "try_create_node_launch"):
+            counting(name)
+        with proxy.count() as total:
+            reconcile_after_completion(store, "run-1", {0}, callbacks=log.callbacks)
+        assert counted == {
+            "get_run_frontier": [1],
+            "get_planning_snapshot": [1],
+            "try_create_node_launch": [2],
+        }
+        assert total == [4]
+        (child,) = tasks_of(store, "run-1", 1)
+        assert child.status is TaskStatus.QUEUED
+        assert_queued_tasks_deliverable(store, "run-1")
 
 
 def test_a_batch_claims_lease_is_one_round_trip_with_its_commit(
