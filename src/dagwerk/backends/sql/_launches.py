@@ -399,7 +399,7 @@ class LaunchesMixin(ClaimAheadMixin):
                     for n in range(start, min(start + step, len(plans)))
                 ]
                 rows.extend(part)
-                if step == len(plans) and self._preclaim(
+                if len(part) == len(plans) and self._preclaim(
                     tx, part, (queue, priority), now, plugin_name
                 ):
                     # Taken by the unit's claim ahead as they are written.
