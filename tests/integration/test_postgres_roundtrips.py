@@ -396,6 +396,53 @@ def test_the_reconcile_after_a_chain_step_costs_four_round_trips(
         assert_queued_tasks_deliverable(store, "run-1")
 
 
+def test_a_launch_claims_its_task_for_the_claim_its_thread_announced(
+    proxy: DelayProxy, schema: str
+) -> None:
+    """A worker announces its next claim before its completions; the
+    launch its reconcile makes inserts the child already claimed for it and
+    leased to it, committed with the launch, and the claim hands it over
+    with no round trip (a lease and a claim, two commits, before). Another
+    worker finds nothing to lease, and the child completes the run."""
+    with (
+        PostgresStore(proxy.url, schema=schema) as store,
+        PostgresStore(proxy.url, schema=schema) as other,
+    ):
+        log = new_run(store, chain(2))
+        (entry,) = store.claim_deliveries("w", limit=1, lease_seconds=60.0)
+        assert store.expect_claim("w", limit=1, lease_seconds=60.0)
+        request = CompletionRequest(
+            delivery_id=entry.delivery.delivery_id,
+            task_id=entry.delivery.task_id,
+            expected_attempt_id=entry.delivery.attempt_id,
+            outputs=emit("out-0", k=1),
+            run_id="run-1",
+        )
+        assert isinstance(store.complete_and_ack("w", [request])[0], TaskCompletionResult)
+        reconcile_after_completion(store, "run-1", {0}, callbacks=log.callbacks)
+        assert other.claim_deliveries("x", limit=5, lease_seconds=60.0) == []
+        with proxy.count() as trips:
+            (child,) = store.claim_deliveries("w", limit=1, lease_seconds=60.0)
+        assert trips == [0]
+        assert child.delivery.node_index == 1 and child.delivery.delivery_count == 1
+        assert child.delivery.worker_id == "w"
+        assert child.task is not None and child.task.status is TaskStatus.RUNNING
+        (stored,) = tasks_of(other, "run-1", 1)
+        assert stored.status is TaskStatus.RUNNING and stored.attempt_id == child.task.attempt_id
+        done = CompletionRequest(
+            delivery_id=child.delivery.delivery_id,
+            task_id=child.delivery.task_id,
+            expected_attempt_id=child.delivery.attempt_id,
+            outputs=(),
+            run_id="run-1",
+        )
+        (outcome,) = store.complete_and_ack("w", [done])
+        assert isinstance(outcome, TaskCompletionResult) and outcome.launch_complete
+        reconcile_after_completion(store, "run-1", {1}, callbacks=log.callbacks)
+        assert store.get_run_status("run-1") is RunStatus.COMPLETED
+        assert store.claim_deliveries("w", limit=1, lease_seconds=60.0) == []
+
+
 def test_a_batch_claims_lease_is_one_round_trip_with_its_commit(
     proxy: DelayProxy, schema: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
