@@ -35,6 +35,7 @@ __all__ = [
     "client_cases",
     "client_targets",
     "print_client_table",
+    "print_targets",
     "run_client_suite",
 ]
 
@@ -114,11 +115,7 @@ def run_client_suite(
             for attempt in range(max(1, repeat)):
                 directory = tmp / f"client-{n}-{attempt}"
                 directory.mkdir()
-                if case.backend == "sqlite":
-                    url = f"sqlite:///{directory / 'bench.db'}"
-                else:
-                    assert pg is not None
-                    url = pg.create(f"k{n}")
+                url = _env.case_url(case.backend, directory, pg, f"k{n}")
                 print(
                     f"[{n + 1}/{len(cases)}] {case.name} (run {attempt + 1}) ...",
                     file=sys.stderr,
@@ -188,11 +185,17 @@ def print_client_table(
         runs = ", ".join(str(r) for r in row["runs"])  # type: ignore[attr-defined]
         loads = ", ".join(str(load[0]) for load in row["loads"])  # type: ignore[attr-defined]
         print(f"{case.name:<28} {row['figure']!s:>9} {unit:<8} {runs:<28} {loads}")
-    if goals:
-        print()
-        print(f"{'target':<40} {'goal':>8} {'measured':>10} {'ratio':>7} met")
-        for g in goals:
-            print(
-                f"{g['target']!s:<40} {g['goal']!s:>8} {g['measured']!s:>10} "
-                f"{g['ratio']!s:>7} {'yes' if g['met'] else 'no'}"
-            )
+    print_targets(goals)
+
+
+def print_targets(goals: list[dict[str, object]]) -> None:
+    """The targets with their goal, measured figure and ratio (nothing when empty)."""
+    if not goals:
+        return
+    print()
+    print(f"{'target':<40} {'goal':>8} {'measured':>10} {'ratio':>7} met")
+    for g in goals:
+        print(
+            f"{g['target']!s:<40} {g['goal']!s:>8} {g['measured']!s:>10} "
+            f"{g['ratio']!s:>7} {'yes' if g['met'] else 'no'}"
+        )

@@ -45,7 +45,13 @@ if __package__ in (None, ""):  # run as a script: make the bench package importa
 from bench import _env, _procs
 from bench._cluster import DurableCluster
 from bench._procs import WorkerProcs, run_submitter
-from bench.client import client_cases, client_targets, print_client_table, run_client_suite
+from bench.client import (
+    client_cases,
+    client_targets,
+    print_client_table,
+    print_targets,
+    run_client_suite,
+)
 
 ALL_WORKLOADS = ("W1", "W2", "W3", "W4", "W5")
 WORKER_COUNTS = {"sqlite": (1, 2), "postgres": (1, 2, 4)}
@@ -207,11 +213,7 @@ def run_cases(
             for attempt in range(repeats_of(case, repeat)):
                 directory = tmp / f"case-{n}-{attempt}"
                 directory.mkdir()
-                if case.backend == "sqlite":
-                    url = f"sqlite:///{directory / 'bench.db'}"
-                else:
-                    assert pg is not None
-                    url = pg.create(f"c{n}")
+                url = _env.case_url(case.backend, directory, pg, f"c{n}")
                 print(
                     f"[{n + 1}/{len(order)}] {case.backend} {case.kind} {case.size} "
                     f"x{case.workers} (run {attempt + 1}) ...",
@@ -330,14 +332,7 @@ def print_table(
     print()
     for name, rate in ceilings.items():
         print(f"raw commit rate {name}: {rate:,.0f}/s ({1e6 / rate:.0f} us per commit)")
-    if goals:
-        print()
-        print(f"{'target':<40} {'goal':>8} {'measured':>10} {'ratio':>7} met")
-        for g in goals:
-            print(
-                f"{g['target']!s:<40} {g['goal']!s:>8} {g['measured']!s:>10} "
-                f"{g['ratio']!s:>7} {'yes' if g['met'] else 'no'}"
-            )
+    print_targets(goals)
 
 
 def write_profile_summaries(directory: Path, top: int = 40) -> None:
@@ -499,10 +494,7 @@ def _main(parser: argparse.ArgumentParser, args: argparse.Namespace, *, durable:
     )
     if warning:
         print(f"WARNING: {warning}")
-    print()
-    print(json.dumps(document, indent=2))
-    if args.json:
-        args.json.write_text(json.dumps(document, indent=2) + "\n")
+    _env.emit_document(document, args.json)
     if args.profile:
         write_profile_summaries(args.profile)
 
@@ -566,10 +558,7 @@ def _client_main(args: argparse.Namespace, *, durable: bool) -> None:
     warning = _env.speed_warning(calibration)
     if warning:
         print(f"WARNING: {warning}")
-    print()
-    print(json.dumps(document, indent=2))
-    if args.json:
-        args.json.write_text(json.dumps(document, indent=2) + "\n")
+    _env.emit_document(document, args.json)
 
 
 if __name__ == "__main__":

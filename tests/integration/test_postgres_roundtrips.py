@@ -265,6 +265,33 @@ def test_a_batch_that_names_its_runs_costs_two_round_trips(proxy: DelayProxy, sc
         assert trips == [3, 2, 2]
 
 
+def _root_completed(
+    store: PostgresStore,
+    outputs: tuple[EmittedOutput, ...],
+    run_id: str | None = "run-1",
+    *,
+    announce: bool = False,
+) -> Any:
+    """A two-node chain whose root was claimed by ``w`` and completed with
+    ``outputs`` (``run_id``: the run the completion names); its log. With
+    ``announce``, ``w`` announces its next claim (one task) after claiming
+    the root, before completing it, as a worker does."""
+    log = new_run(store, chain(2))
+    (entry,) = store.claim_deliveries("w", limit=1, lease_seconds=60.0)
+    if announce:
+        assert store.expect_claim("w", limit=1, lease_seconds=60.0)
+    request = CompletionRequest(
+        delivery_id=entry.delivery.delivery_id,
+        task_id=entry.delivery.task_id,
+        expected_attempt_id=entry.delivery.attempt_id,
+        outputs=outputs,
+        run_id=run_id,
+    )
+    (outcome,) = store.complete_and_ack("w", [request])
+    assert isinstance(outcome, TaskCompletionResult) and outcome.launch_complete
+    return log
+
+
 def _launch_recorded(
     proxy: DelayProxy,
     schema: str,
@@ -285,15 +312,7 @@ def _launch_recorded(
     monkeypatch.setattr(pg_gateway._Tx, "_call", recording)
     launched: list[tuple[list[int], list[tuple[str, str]]]] = []
     with PostgresStore(proxy.url, schema=schema) as store:
-        log = new_run(store, chain(2))
-        (entry,) = store.claim_deliveries("w", limit=1, lease_seconds=60.0)
-        request = CompletionRequest(
-            delivery_id=entry.delivery.delivery_id,
-            task_id=entry.delivery.task_id,
-            expected_attempt_id=entry.delivery.attempt_id,
-            outputs=outputs,
-        )
-        assert isinstance(store.complete_and_ack("w", [request])[0], TaskCompletionResult)
+        log = _root_completed(store, outputs, run_id=None)
         launch = store.try_create_node_launch
 
         def counted(*args: Any, **kwargs: Any) -> Any:
@@ -357,17 +376,7 @@ def test_the_reconcile_after_a_chain_step_costs_four_round_trips(
     launch's writes ride its COMMIT. Four round trips in all (twelve when
     each read waited for its own)."""
     with PostgresStore(proxy.url, schema=schema) as store:
-        log = new_run(store, chain(2))
-        (entry,) = store.claim_deliveries("w", limit=1, lease_seconds=60.0)
-        request = CompletionRequest(
-            delivery_id=entry.delivery.delivery_id,
-            task_id=entry.delivery.task_id,
-            expected_attempt_id=entry.delivery.attempt_id,
-            outputs=emit("out-0", k=1),
-            run_id="run-1",
-        )
-        (outcome,) = store.complete_and_ack("w", [request])
-        assert isinstance(outcome, TaskCompletionResult) and outcome.launch_complete
+        log = _root_completed(store, emit("out-0", k=1))
         counted: dict[str, list[int]] = {}
 
         def counting(name: str) -> None:
@@ -408,17 +417,7 @@ def test_a_launch_claims_its_task_for_the_claim_its_thread_announced(
         PostgresStore(proxy.url, schema=schema) as store,
         PostgresStore(proxy.url, schema=schema) as other,
     ):
-        log = new_run(store, chain(2))
-        (entry,) = store.claim_deliveries("w", limit=1, lease_seconds=60.0)
-        assert store.expect_claim("w", limit=1, lease_seconds=60.0)
-        request = CompletionRequest(
-            delivery_id=entry.delivery.delivery_id,
-            task_id=entry.delivery.task_id,
-            expected_attempt_id=entry.delivery.attempt_id,
-            outputs=emit("out-0", k=1),
-            run_id="run-1",
-        )
-        assert isinstance(store.complete_and_ack("w", [request])[0], TaskCompletionResult)
+        log = _root_completed(store, emit("out-0", k=1), announce=True)
         reconcile_after_completion(store, "run-1", {0}, callbacks=log.callbacks)
         assert other.claim_deliveries("x", limit=5, lease_seconds=60.0) == []
         with proxy.count() as trips:
