@@ -71,7 +71,6 @@ class LeaseFacts(Protocol):
     @property
     def expired_seconds_ago(self) -> float: ...
 
-
 __all__ = [
     "NodeExplanation",
     "NodeState",

@@ -94,7 +94,9 @@ class TaskLogLimits:
         for name in ("max_bytes", "max_lines"):
             value = getattr(self, name)
             if type(value) is not int or value < 0:
-                raise DagwerkError(f"task_log_{name} must be an int >= 0", field=f"task_log_{name}")
+                raise DagwerkError(
+                    f"task_log_{name} must be an int >= 0", field=f"task_log_{name}"
+                )
 
     @property
     def enabled(self) -> bool:

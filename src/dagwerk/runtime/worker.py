@@ -174,7 +174,9 @@ class Worker:
         # every delivery it ever handled.
         self.reports: deque[DeliveryReport] = deque(maxlen=REPORTS_KEPT)
         # What plugins log during an attempt, stored per attempt (task_logs.py).
-        self.task_logs = task_logs = TaskLogWriter(capabilities.task_logs, settings.task_log_limits)
+        self.task_logs = task_logs = TaskLogWriter(
+            capabilities.task_logs, settings.task_log_limits
+        )
         # OpenTelemetry spans, when this process traces (dagwerk/tracing.py).
         self.tracing = tracing = WorkerTracing.create(capabilities.run_traces, capabilities.runs)
         if tracing is not None:

@@ -359,3 +359,4 @@ def run_record(run: RunState) -> RunRecord:
         finished_at=run.finished_at,
         pipeline=run.pipeline,
     )
+

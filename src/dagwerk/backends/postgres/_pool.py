@@ -157,7 +157,9 @@ class Connections:
         while True:
             left = deadline - time.monotonic()
             try:
-                conn = psycopg.connect(self._url, connect_timeout=max(2, int(left)), **self._kwargs)
+                conn = psycopg.connect(
+                    self._url, connect_timeout=max(2, int(left)), **self._kwargs
+                )
             except psycopg.Error as exc:
                 reason = connect_failure(exc)
                 if not server_may_come_back(exc):
@@ -165,7 +167,8 @@ class Connections:
                 left = deadline - time.monotonic()
                 if left <= 0:
                     raise StoreUnavailableError(
-                        f"cannot connect to the PostgreSQL server within {self._timeout}s: {reason}"
+                        f"cannot connect to the PostgreSQL server within {self._timeout}s: "
+                        f"{reason}"
                     ) from exc
                 time.sleep(min(pause, left))
                 pause = min(pause * 2, 1.0)
