@@ -15,6 +15,7 @@ import platform
 import sqlite3
 import time
 import uuid
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit, urlunsplit
@@ -22,7 +23,9 @@ from urllib.parse import urlsplit, urlunsplit
 __all__ = [
     "REFERENCE_CALIBRATION_MS",
     "PostgresDatabases",
+    "case_url",
     "cpu_times",
+    "emit_document",
     "machine",
     "postgres_commit_rate",
     "postgres_settings",
@@ -252,3 +255,23 @@ class PostgresDatabases:
             for database in self.made:
                 conn.execute(f'DROP DATABASE IF EXISTS "{database}" WITH (FORCE)')
         self.made.clear()
+
+
+def case_url(backend: str, directory: Path, databases: PostgresDatabases | None, name: str) -> str:
+    """A fresh database for one run of a case: a SQLite file in
+    ``directory``, or a new database named after ``name`` on the server."""
+    if backend == "sqlite":
+        return f"sqlite:///{directory / 'bench.db'}"
+    assert databases is not None
+    return databases.create(name)
+
+
+def emit_document(document: Mapping[str, object], path: Path | None) -> None:
+    """Print the JSON document of a run after a blank line (and write it to ``path``)."""
+    import json
+
+    text = json.dumps(document, indent=2)
+    print()
+    print(text)
+    if path is not None:
+        path.write_text(text + "\n")

@@ -41,6 +41,7 @@ __all__ = [
     "WorkerProcs",
     "peak_rss_mb",
     "profiled_cli",
+    "run_client",
     "run_submitter",
 ]
 
@@ -74,7 +75,7 @@ class WorkerProcs:
     count: int
     directory: Path
     concurrency: int | None = 4
-    """``None``: no ``--concurrency`` flag (the worker's default)."""
+    """``--concurrency`` of each worker; ``None``: no flag (the worker's default)."""
     executor: str = "thread"
     profile: Path | None = None
     procs: list[subprocess.Popen[bytes]] = field(default_factory=list)
@@ -88,11 +89,9 @@ class WorkerProcs:
             self.url,
             "--plugins",
             "bench.workloads",
-            "--executor",
-            self.executor,
+            *(["--concurrency", str(self.concurrency)] if self.concurrency is not None else []),
+            *(["--executor", self.executor] if self.executor != "thread" else []),
         ]
-        if self.concurrency is not None:
-            args += ["--concurrency", str(self.concurrency)]
         for n in range(self.count):
             log = (self.directory / f"worker-{n}.log").open("wb")
             if self.profile is not None:
@@ -152,6 +151,18 @@ def run_submitter(url: str, workload: str, size: int, directory: Path, profile: 
     )
     if done.returncode != 0:
         raise RuntimeError(f"submitter failed ({done.returncode}):\n{done.stderr[-4000:]}")
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def run_client(url: str, workload: str, size: int, directory: Path) -> Any:
+    """Run the client child (``Engine.submit`` then ``Engine.wait``) for
+    ``workload`` and return its JSON result."""
+    command = [sys.executable, "-m", "bench._procs", "client", url, workload, str(size)]
+    done = subprocess.run(
+        command, cwd=directory, env=_child_env(), capture_output=True, text=True, check=False
+    )
+    if done.returncode != 0:
+        raise RuntimeError(f"client failed ({done.returncode}):\n{done.stderr[-4000:]}")
     return json.loads(done.stdout.strip().splitlines()[-1])
 
 
@@ -250,18 +261,52 @@ def _submit(url: str, workload: str, size: int, profile: str | None) -> None:
     print(json.dumps(result))
 
 
+def _client(url: str, workload: str, size: int) -> None:
+    """What a user's program sees: ``Engine.submit``, then ``Engine.wait``
+    (its default poll), which returns once the run is terminal with its
+    result read back. The clock (``time.perf_counter``, this process only)
+    runs from before the submit to the result in hand."""
+    from bench.workloads import chain_nodes, fanout_nodes
+    from dagwerk.engine import Engine
+
+    nodes = chain_nodes(size) if workload == "chain" else fanout_nodes()
+    run_input: dict[str, object] = {} if workload == "chain" else {"count": size}
+    engine = Engine(url, execution_root=Path.cwd())
+    try:
+        began = time.perf_counter()
+        run_id = engine.submit(nodes, run_input, run_id=workload)
+        result = engine.wait(run_id, timeout=600.0)
+        seconds = time.perf_counter() - began
+        tasks = len(engine.store.list_tasks(run_id))
+        print(
+            json.dumps(
+                {
+                    "seconds": seconds,
+                    "tasks": tasks,
+                    "status": result.status.value,
+                    "outputs": sum(len(v) for v in result.outputs.values()),
+                }
+            )
+        )
+    finally:
+        engine.close()
+
+
 def main(argv: Sequence[str] | None = None) -> None:
     args = list(sys.argv[1:] if argv is None else argv)
     if args and args[0] == "profile":
         profiled_cli(Path(args[1]), args[2:])
         return
-    parser = argparse.ArgumentParser(prog="python -m bench._procs submit")
-    parser.add_argument("kind", choices=["submit"])
+    parser = argparse.ArgumentParser(prog="python -m bench._procs submit|client")
+    parser.add_argument("kind", choices=["submit", "client"])
     parser.add_argument("url")
     parser.add_argument("workload", choices=["fanout", "chain", "many"])
     parser.add_argument("size", type=int)
     parser.add_argument("--profile")
     parsed = parser.parse_args(args)
+    if parsed.kind == "client":
+        _client(parsed.url, parsed.workload, parsed.size)
+        return
     _submit(parsed.url, parsed.workload, parsed.size, parsed.profile)
 
 

@@ -29,11 +29,13 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import statistics
 import sys
 import tempfile
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -41,7 +43,15 @@ if __package__ in (None, ""):  # run as a script: make the bench package importa
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench import _env, _procs
+from bench._cluster import DurableCluster
 from bench._procs import WorkerProcs, run_submitter
+from bench.client import (
+    client_cases,
+    client_targets,
+    print_client_table,
+    print_targets,
+    run_client_suite,
+)
 
 ALL_WORKLOADS = ("W1", "W2", "W3", "W4", "W5")
 WORKER_COUNTS = {"sqlite": (1, 2), "postgres": (1, 2, 4)}
@@ -203,11 +213,7 @@ def run_cases(
             for attempt in range(repeats_of(case, repeat)):
                 directory = tmp / f"case-{n}-{attempt}"
                 directory.mkdir()
-                if case.backend == "sqlite":
-                    url = f"sqlite:///{directory / 'bench.db'}"
-                else:
-                    assert pg is not None
-                    url = pg.create(f"c{n}")
+                url = _env.case_url(case.backend, directory, pg, f"c{n}")
                 print(
                     f"[{n + 1}/{len(order)}] {case.backend} {case.kind} {case.size} "
                     f"x{case.workers} (run {attempt + 1}) ...",
@@ -326,14 +332,7 @@ def print_table(
     print()
     for name, rate in ceilings.items():
         print(f"raw commit rate {name}: {rate:,.0f}/s ({1e6 / rate:.0f} us per commit)")
-    if goals:
-        print()
-        print(f"{'target':<40} {'goal':>8} {'measured':>10} {'ratio':>7} met")
-        for g in goals:
-            print(
-                f"{g['target']!s:<40} {g['goal']!s:>8} {g['measured']!s:>10} "
-                f"{g['ratio']!s:>7} {'yes' if g['met'] else 'no'}"
-            )
+    print_targets(goals)
 
 
 def write_profile_summaries(directory: Path, top: int = 40) -> None:
@@ -389,7 +388,48 @@ def main(argv: Sequence[str] | None = None) -> None:
         help="runs of each short case (W1 at 1,000 items, W2), each on a fresh database; "
         "the median run is reported (1 with --profile)",
     )
+    parser.add_argument(
+        "--client",
+        action="store_true",
+        help="the client-observed suite (bench/client.py): W1 and W2 timed by a client "
+        "that calls Engine.submit and Engine.wait, 1 and 2 workers, at --concurrency 1 "
+        "and at the worker's default",
+    )
+    parser.add_argument(
+        "--durable-postgres",
+        action="store_true",
+        help="start a PostgreSQL cluster with fsync=on and synchronous_commit=on "
+        "(initdb/pg_ctl in a temporary directory, 127.0.0.1, a free port) for this run, "
+        "and stop it at the end; it replaces --postgres",
+    )
     args = parser.parse_args(argv)
+    if args.durable_postgres:
+        with _durable_cluster() as url:
+            args.postgres = url
+            _main(parser, args, durable=True)
+        return
+    _main(parser, args, durable=False)
+
+
+@contextmanager
+def _durable_cluster() -> Iterator[str]:
+    """A durable PostgreSQL cluster for the run; its URL. Its directory is
+    readable by the ``postgres`` user, which runs the server."""
+    directory = Path(tempfile.mkdtemp(prefix="dagwerk-bench-pg-"))
+    directory.chmod(0o755)
+    cluster = DurableCluster(directory / "cluster")
+    try:
+        print(f"starting a durable PostgreSQL cluster in {directory} ...", file=sys.stderr)
+        yield cluster.start()
+    finally:
+        cluster.stop()
+        shutil.rmtree(directory, ignore_errors=True)
+
+
+def _main(parser: argparse.ArgumentParser, args: argparse.Namespace, *, durable: bool) -> None:
+    if args.client:
+        _client_main(args, durable=durable)
+        return
     if args.backend == "postgres" and not args.postgres:
         parser.error("--backend postgres needs --postgres URL or DAGWERK_BENCH_POSTGRES_URL")
     if args.profile:
@@ -454,12 +494,71 @@ def main(argv: Sequence[str] | None = None) -> None:
     )
     if warning:
         print(f"WARNING: {warning}")
-    print()
-    print(json.dumps(document, indent=2))
-    if args.json:
-        args.json.write_text(json.dumps(document, indent=2) + "\n")
+    _env.emit_document(document, args.json)
     if args.profile:
         write_profile_summaries(args.profile)
+
+
+def _client_main(args: argparse.Namespace, *, durable: bool) -> None:
+    """The client-observed suite (``--client``); see bench/client.py."""
+    if args.src:
+        _procs.SRC[0] = args.src.resolve()
+        sys.path.insert(0, str(_procs.SRC[0]))
+    backends = [args.backend] if args.backend else ["sqlite", "postgres"]
+    if not args.postgres:
+        backends = [b for b in backends if b != "postgres"]
+    labels = [w.strip().upper() for w in args.only.split(",")] if args.only else ["W1", "W2"]
+    labels = [label for label in labels if label in ("W1", "W2")]
+    cases = client_cases(backends, labels)
+    if args.workers:
+        cases = [case for case in cases if case.workers in args.workers]
+    load_before = [round(x, 2) for x in os.getloadavg()]
+    calibration = _env.python_calibration_ms()
+    cpu_before = _env.cpu_times()
+    urls = {"postgres": args.postgres} if "postgres" in backends else {}
+    with tempfile.TemporaryDirectory(prefix="dagwerk-bench-") as tmp_name:
+        tmp = Path(tmp_name)
+        ceilings: dict[str, float] = {}
+        if "postgres" in backends:
+            ceilings["postgres"] = _env.postgres_commit_rate(args.postgres, args.commits)
+        results = run_client_suite(cases, urls, tmp, args.repeat)
+    steal = _env.steal_share(cpu_before, _env.cpu_times())
+    load_after = [round(x, 2) for x in os.getloadavg()]
+    goals = client_targets(results, durable)
+    document = {
+        "mode": "client-observed",
+        "machine": {
+            **_env.machine(),
+            "python_calibration_ms": calibration,
+            "reference_calibration_ms": list(_env.REFERENCE_CALIBRATION_MS),
+            "cpu_steal_share": steal,
+            "load_average_before": load_before,
+            "load_average_after": load_after,
+        },
+        "versions": _env.versions(args.postgres if "postgres" in backends else None),
+        "postgres_server": _env.postgres_settings(args.postgres)
+        if "postgres" in backends
+        else None,
+        "ceilings_commits_per_s": {k: round(v) for k, v in ceilings.items()},
+        "cases": [{"case": case.name, **row} for case, row in results.items()],
+        "source": _env.source(_procs.SRC[0]),
+        "targets": goals,
+    }
+    print_client_table(results, goals)
+    print()
+    for name, rate in ceilings.items():
+        print(f"raw commit rate {name}: {rate:,.0f}/s ({1e6 / rate:.0f} us per commit)")
+    if document["postgres_server"]:
+        print(f"postgres settings: {document['postgres_server']}")
+    print(
+        f"python calibration: {calibration} ms (reference {_env.REFERENCE_CALIBRATION_MS}); "
+        f"load average before {load_before}, after {load_after}; CPU steal "
+        f"{'unknown' if steal is None else f'{100 * steal:.1f} %'}"
+    )
+    warning = _env.speed_warning(calibration)
+    if warning:
+        print(f"WARNING: {warning}")
+    _env.emit_document(document, args.json)
 
 
 if __name__ == "__main__":

@@ -35,6 +35,7 @@ from dagwerk.reconcile import (
 )
 from dagwerk.store import (
     BatchQueueStore,
+    ClaimAheadStore,
     CompletionOutcome,
     CompletionRequest,
     DagStore,
@@ -72,14 +73,30 @@ def complete_attempts(
     there, seeing the launches just made); an exception from it is logged
     and undoes only its own writes. ``before`` runs in the unit before the
     completions (the worker announces that claim there, see
-    ``SqliteStore.expect_claim``); an exception from it leaves the unit.
-    Elsewhere neither is called.
+    :class:`~dagwerk.store.ClaimAheadStore`); an exception from it leaves the
+    unit. On a :class:`~dagwerk.store.ClaimAheadStore` without units
+    (PostgreSQL) ``before`` runs before the completions and ``then`` after
+    the reconciles, each store call committing on its own; an exception from
+    ``then`` is logged. Elsewhere neither is called.
     """
     if not implements(store, BatchQueueStore):
         raise StoreContractError("complete_attempts needs a BatchQueueStore")
     items = list(requests)
     if not implements(store, UnitOfWorkStore):
-        return _complete(store, worker_id, items, callbacks, limits)
+        if not implements(store, ClaimAheadStore):
+            return _complete(store, worker_id, items, callbacks, limits)
+        # Without units (PostgreSQL), the launches of the reconciles may
+        # still claim their tasks for the claim that follows them on this
+        # thread (see ClaimAheadStore); each write commits on its own.
+        if before is not None:
+            before()
+        outcomes = _complete(store, worker_id, items, callbacks, limits)
+        if then is not None:
+            try:
+                then()
+            except Exception:
+                _LOG.exception("the work after a batch of completions failed")
+        return outcomes
     deferred = _DeferredCallbacks()
     with store.unit_of_work():
         if before is not None:

@@ -121,7 +121,8 @@ class RecentOutputsStore(Protocol):
 @runtime_checkable
 class ClaimAheadStore(Protocol):
     """Launches that claim their tasks for the claim ending the unit of work
-    (dagwerk extension; SQLite).
+    (dagwerk extension; SQLite), or on a store without units (PostgreSQL)
+    for the calling thread's next claim.
 
     Without it the worker's next claim takes the launched tasks itself.
     """
@@ -137,8 +138,10 @@ class ClaimAheadStore(Protocol):
     ) -> bool:
         """Inside the calling thread's unit of work: the unit will end with
         ``claim_deliveries`` with these arguments (and no run preference), so
-        its launches may claim their tasks for it. True when noted; False
-        where the store cannot (nothing changes)."""
+        its launches may claim their tasks for it. On a store without units
+        the same holds for the launches the thread makes before its next
+        ``claim_deliveries``, which hands their claimed tasks over first.
+        True when noted; False where the store cannot (nothing changes)."""
         ...
 
 

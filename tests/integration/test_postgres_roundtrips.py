@@ -30,6 +30,7 @@ from dagwerk.backends.errors import StoreUnavailableError
 from dagwerk.backends.postgres import PostgresStore
 from dagwerk.backends.postgres import gateway as pg_gateway
 from dagwerk.constants import RunStatus, TaskStatus
+from dagwerk.frontier import reconcile_after_completion
 from dagwerk.models import EmittedOutput
 from dagwerk.orchestrator import reconcile_run
 from dagwerk.store import (
@@ -264,6 +265,33 @@ def test_a_batch_that_names_its_runs_costs_two_round_trips(proxy: DelayProxy, sc
         assert trips == [3, 2, 2]
 
 
+def _root_completed(
+    store: PostgresStore,
+    outputs: tuple[EmittedOutput, ...],
+    run_id: str | None = "run-1",
+    *,
+    announce: bool = False,
+) -> Any:
+    """A two-node chain whose root was claimed by ``w`` and completed with
+    ``outputs`` (``run_id``: the run the completion names); its log. With
+    ``announce``, ``w`` announces its next claim (one task) after claiming
+    the root, before completing it, as a worker does."""
+    log = new_run(store, chain(2))
+    (entry,) = store.claim_deliveries("w", limit=1, lease_seconds=60.0)
+    if announce:
+        assert store.expect_claim("w", limit=1, lease_seconds=60.0)
+    request = CompletionRequest(
+        delivery_id=entry.delivery.delivery_id,
+        task_id=entry.delivery.task_id,
+        expected_attempt_id=entry.delivery.attempt_id,
+        outputs=outputs,
+        run_id=run_id,
+    )
+    (outcome,) = store.complete_and_ack("w", [request])
+    assert isinstance(outcome, TaskCompletionResult) and outcome.launch_complete
+    return log
+
+
 def _launch_recorded(
     proxy: DelayProxy,
     schema: str,
@@ -284,15 +312,7 @@ def _launch_recorded(
     monkeypatch.setattr(pg_gateway._Tx, "_call", recording)
     launched: list[tuple[list[int], list[tuple[str, str]]]] = []
     with PostgresStore(proxy.url, schema=schema) as store:
-        log = new_run(store, chain(2))
-        (entry,) = store.claim_deliveries("w", limit=1, lease_seconds=60.0)
-        request = CompletionRequest(
-            delivery_id=entry.delivery.delivery_id,
-            task_id=entry.delivery.task_id,
-            expected_attempt_id=entry.delivery.attempt_id,
-            outputs=outputs,
-        )
-        assert isinstance(store.complete_and_ack("w", [request])[0], TaskCompletionResult)
+        log = _root_completed(store, outputs, run_id=None)
         launch = store.try_create_node_launch
 
         def counted(*args: Any, **kwargs: Any) -> Any:
@@ -343,6 +363,83 @@ def test_a_large_launch_sends_its_rows_in_slices_without_waiting_for_them(
     inserts = [name for _, name in made if name in ("task_insert", "delivery_insert")]
     assert inserts == ["task_insert", "delivery_insert"] * 3, made
     assert trips == [len(_waited(made)) + 1], made
+
+
+def test_the_reconcile_after_a_chain_step_costs_four_round_trips(
+    proxy: DelayProxy, schema: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """After a chain step completes, the reads of each store call go in one
+    flight: the frontier (the run and the nodes), the child's planning
+    snapshot (the run, the sources' launches, the token's nodes and the
+    sources' outputs) and the launch's reads (the run under its lock, the
+    token's nodes, the node's launch and the outputs the plans name); the
+    launch's writes ride its COMMIT. Four round trips in all (twelve when
+    each read waited for its own)."""
+    with PostgresStore(proxy.url, schema=schema) as store:
+        log = _root_completed(store, emit("out-0", k=1))
+        counted: dict[str, list[int]] = {}
+
+        def counting(name: str) -> None:
+            call = getattr(store, name)
+
+            def wrapped(*args: Any, **kwargs: Any) -> Any:
+                with proxy.count() as trips:
+                    result = call(*args, **kwargs)
+                counted.setdefault(name, []).extend(trips)
+                return result
+
+            monkeypatch.setattr(store, name, wrapped)
+
+        for name in ("get_run_frontier", "get_planning_snapshot", "try_create_node_launch"):
+            counting(name)
+        with proxy.count() as total:
+            reconcile_after_completion(store, "run-1", {0}, callbacks=log.callbacks)
+        assert counted == {
+            "get_run_frontier": [1],
+            "get_planning_snapshot": [1],
+            "try_create_node_launch": [2],
+        }
+        assert total == [4]
+        (child,) = tasks_of(store, "run-1", 1)
+        assert child.status is TaskStatus.QUEUED
+        assert_queued_tasks_deliverable(store, "run-1")
+
+
+def test_a_launch_claims_its_task_for_the_claim_its_thread_announced(
+    proxy: DelayProxy, schema: str
+) -> None:
+    """A worker announces its next claim before its completions; the
+    launch its reconcile makes inserts the child already claimed for it and
+    leased to it, committed with the launch, and the claim hands it over
+    with no round trip (a lease and a claim, two commits, before). Another
+    worker finds nothing to lease, and the child completes the run."""
+    with (
+        PostgresStore(proxy.url, schema=schema) as store,
+        PostgresStore(proxy.url, schema=schema) as other,
+    ):
+        log = _root_completed(store, emit("out-0", k=1), announce=True)
+        reconcile_after_completion(store, "run-1", {0}, callbacks=log.callbacks)
+        assert other.claim_deliveries("x", limit=5, lease_seconds=60.0) == []
+        with proxy.count() as trips:
+            (child,) = store.claim_deliveries("w", limit=1, lease_seconds=60.0)
+        assert trips == [0]
+        assert child.delivery.node_index == 1 and child.delivery.delivery_count == 1
+        assert child.delivery.worker_id == "w"
+        assert child.task is not None and child.task.status is TaskStatus.RUNNING
+        (stored,) = tasks_of(other, "run-1", 1)
+        assert stored.status is TaskStatus.RUNNING and stored.attempt_id == child.task.attempt_id
+        done = CompletionRequest(
+            delivery_id=child.delivery.delivery_id,
+            task_id=child.delivery.task_id,
+            expected_attempt_id=child.delivery.attempt_id,
+            outputs=(),
+            run_id="run-1",
+        )
+        (outcome,) = store.complete_and_ack("w", [done])
+        assert isinstance(outcome, TaskCompletionResult) and outcome.launch_complete
+        reconcile_after_completion(store, "run-1", {1}, callbacks=log.callbacks)
+        assert store.get_run_status("run-1") is RunStatus.COMPLETED
+        assert store.claim_deliveries("w", limit=1, lease_seconds=60.0) == []
 
 
 def test_a_batch_claims_lease_is_one_round_trip_with_its_commit(

@@ -262,11 +262,14 @@ def test_a_claim_for_another_worker_takes_nothing_claimed(tmp_path: Path) -> Non
         assert delivery["lease_owner"] == "w1"
 
 
-def test_postgres_announces_nothing(postgres_url: str, pg_schema: str) -> None:
-    # No unit of work there: its claims take their own transactions, and a
-    # launch writes its tasks QUEUED as before.
+def test_postgres_announces_for_the_threads_next_claim(postgres_url: str, pg_schema: str) -> None:
+    # No unit of work there: the announcement lasts until the thread's next
+    # claim, which ends it whether or not a launch claimed anything for it
+    # (test_postgres_roundtrips.py follows a launch that does).
     from dagwerk.backends.postgres import PostgresStore
 
     with PostgresStore(postgres_url, schema=pg_schema) as store:
-        assert not store.expect_claim("w1", limit=4, lease_seconds=30.0)
+        assert store.expect_claim("w1", limit=4, lease_seconds=30.0)
+        assert len(store._claim_intents) == 1
+        assert store.claim_deliveries("w1", limit=4, lease_seconds=30.0) == []
         assert store._claim_intents == {}

@@ -232,6 +232,16 @@ INSERT INTO dagwerk_tasks
     (task_id, run_id, node_index, generation, launch_id, status, attempt_id, plan)
 VALUES (:task_id, :run_id, :node_index, :generation, :launch_id, :status, :attempt_id, :plan);
 
+-- name: task_insert_claimed
+-- task_insert of a task the launch claims for the next claim of its thread
+-- as it is written: RUNNING, with the claiming worker (see sql/_ahead.py).
+-- The launch holds its run exclusively.
+INSERT INTO dagwerk_tasks
+    (task_id, run_id, node_index, generation, launch_id, status, attempt_id, plan, worker_id,
+     started_at)
+VALUES (:task_id, :run_id, :node_index, :generation, :launch_id, :status, :attempt_id, :plan,
+        :worker_id, :started_at);
+
 -- name: task_get_owned
 SELECT 1 FROM dagwerk_runs WHERE run_id = (
     SELECT root_run_id FROM dagwerk_run_links WHERE run_id = (SELECT run_id FROM dagwerk_tasks WHERE task_id = :task_id)
@@ -537,6 +547,15 @@ INSERT INTO dagwerk_deliveries
      queue, priority, available_at, delivery_count)
 VALUES (:delivery_id, :task_id, :attempt_id, :generation, :run_id, :node_index, :launch_id,
         :queue, :priority, :now, :delivery_count);
+
+-- name: delivery_insert_leased
+-- delivery_insert of that task's delivery, leased to the claiming worker as
+-- queue_lease would leave it (hidden until the lease expires, delivered once).
+INSERT INTO dagwerk_deliveries
+    (delivery_id, task_id, attempt_id, generation, run_id, node_index, launch_id,
+     queue, priority, available_at, delivery_count, lease_owner, lease_expires_at)
+VALUES (:delivery_id, :task_id, :attempt_id, :generation, :run_id, :node_index, :launch_id,
+        :queue, :priority, :expires, 1, :worker_id, :expires);
 
 -- name: delivery_delete
 DELETE FROM dagwerk_deliveries WHERE delivery_id = :delivery_id;

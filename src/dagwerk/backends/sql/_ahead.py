@@ -10,6 +10,11 @@ updates (and their index changes) fewer per task. The claim ahead at the
 unit's end hands them over before anything else
 (:meth:`ClaimAheadMixin._take_preclaimed`).
 
+On PostgreSQL, which has no units, the worker announces the claim before
+its completions just the same; the launches its reconciles make on that
+thread claim their tasks as they commit, and the thread's next claim (the
+claim ahead right after the reconciles) hands them over first.
+
 A launch claims its new tasks only where a claim at that moment would: the
 worker's queues hold the launch's queue, the claim has room for them and for
 every other row available now (so the claim's order, priority first, then
@@ -34,7 +39,11 @@ from ._base import SqlStoreBase, queued_task_row
 from ._queue import RowFilter
 from .gateway import Tx
 
-__all__ = ["ClaimAheadMixin", "ClaimIntent", "Preclaimed"]
+__all__ = ["OUTSIDE_UNITS", "ClaimAheadMixin", "ClaimIntent", "Preclaimed"]
+
+OUTSIDE_UNITS = object()
+"""The serial of a claim intent on a store without units of work: it lasts
+until the thread's next claim."""
 
 
 @dataclass(eq=False)
@@ -50,7 +59,8 @@ class ClaimIntent:
     room: int
     """Tasks the claim may still take."""
     serial: object
-    """The unit's serial (``unit_serial``): the intent is its unit's only."""
+    """The unit's serial (``unit_serial``): the intent is its unit's only
+    (:data:`OUTSIDE_UNITS` on a store without units)."""
     claimed: list[tuple[LeasedDelivery, dict[str, object]]] = field(default_factory=list)
     """Each claimed task's lease and its row as the claim reads it."""
     mark: object = None
@@ -80,10 +90,21 @@ class ClaimAheadMixin(SqlStoreBase):
         """Inside the calling thread's unit of work, on a store with one
         writer (SQLite): the unit will end with ``claim_deliveries`` with
         these arguments (and no run preference), so its launches may claim
-        their tasks for it. True when noted; False elsewhere (nothing changes)."""
-        serial = self._gw.unit_serial()
-        if serial is None or not self._gw.serialises_writers:
-            return False
+        their tasks for it. On a store with row locks (PostgreSQL), which has
+        no units, the same holds for the launches this thread makes before
+        its next ``claim_deliveries``: each commits its claimed tasks with
+        it, and that claim hands them over. True when noted; False elsewhere
+        (nothing changes)."""
+        serial: object
+        if not self._gw.serialises_writers:
+            # Row locks, no units (PostgreSQL): the launches that follow on
+            # this thread, each committing on its own, claim for the
+            # thread's next claim.
+            serial = OUTSIDE_UNITS
+        else:
+            serial = self._gw.unit_serial()
+            if serial is None:
+                return False
         lease, names, _ = check_claim(worker_id, limit, lease_seconds, queues, 0.0)
         if names == []:
             return False
@@ -106,7 +127,7 @@ class ClaimAheadMixin(SqlStoreBase):
         intent = self._claim_intents.get(threading.get_ident())
         if intent is None:
             return None
-        if self._gw.unit_serial() != intent.serial:
+        if intent.serial is not OUTSIDE_UNITS and self._gw.unit_serial() != intent.serial:
             return None
         return intent
 
@@ -193,7 +214,11 @@ class ClaimAheadMixin(SqlStoreBase):
         self._claim_intents.pop(threading.get_ident(), None)
         if intent is None or intent.worker_id != worker_id or not intent.claimed:
             return Preclaimed([], limit, current=True)
-        current = intent.mark is not None and intent.mark == self._write_mark()
+        # Outside units each launch committed its claimed rows as a claim
+        # commits its own: they are what the claim hands over.
+        current = intent.serial is OUTSIDE_UNITS or (
+            intent.mark is not None and intent.mark == self._write_mark()
+        )
         rest = max(0, min(limit, intent.room + len(intent.claimed)) - len(intent.claimed))
         if current and intent.settled:
             rest = 0  # nothing was available beside them, nothing written since

@@ -30,7 +30,7 @@ from dagwerk.topology import RunTopology
 from dagwerk.transitions import check_task_transition
 
 from ._recent import RecentOutputs
-from .gateway import Gateway, Row, Tx
+from .gateway import Gateway, Params, Row, Tx
 
 UNFINISHED = (TaskStatus.PENDING, TaskStatus.QUEUED, TaskStatus.RUNNING, TaskStatus.WAITING)
 FAILURES = (TaskStatus.FAILED, TaskStatus.CRASHED)
@@ -410,13 +410,31 @@ class SqlStoreBase:
         revision of each of its sources: any change makes it stale."""
         return self._token_and_generation(tx, run, node_index)[0]
 
+    def _token_nodes(self, run_id: str, node_index: int) -> tuple[str, Params] | None:
+        """The ``nodes_of_indices`` read :meth:`_token_and_generation` makes,
+        for a caller that sends it ahead with other reads; ``None`` unless
+        the run's topology is cached and ``node_index`` is one of its nodes."""
+        topology = self._topologies.get(run_id)
+        if topology is None or type(node_index) is not int:
+            return None
+        if not 0 <= node_index < len(topology.nodes):
+            return None
+        wanted = [node_index, *sorted(set(topology.dependencies[node_index]))]
+        return ("nodes_of_indices", {"run_id": run_id, "nodes": json.dumps(wanted)})
+
     def _token_and_generation(
-        self, tx: Tx, run: Row, node_index: int, fresh: FreshFrontier | None = None
+        self,
+        tx: Tx,
+        run: Row,
+        node_index: int,
+        fresh: FreshFrontier | None = None,
+        nodes: list[Row] | None = None,
     ) -> tuple[str, int]:
         """:meth:`_token` and the node's generation, from the rows of the node
         and its sources only (reading every node made each launch O(nodes));
         from ``fresh`` (a frontier read in this transaction with no write
-        since) when it read them all."""
+        since) when it read them all, else from ``nodes`` (the rows of
+        :meth:`_token_nodes`, read in this transaction) when given."""
         sources = sorted(set(self._topology(run).dependencies[node_index]))
         wanted = [node_index, *sources]
         if fresh is not None and fresh.nodes.issuperset(wanted):
@@ -424,8 +442,12 @@ class SqlStoreBase:
             generations = {row["node_index"]: row["node_generation"] for row in found}
             revisions_by = {row["node_index"]: row["revision"] for row in found}
         else:
-            rows = tx.all(
-                "nodes_of_indices", {"run_id": run["run_id"], "nodes": json.dumps(wanted)}
+            rows = (
+                nodes
+                if nodes is not None
+                else tx.all(
+                    "nodes_of_indices", {"run_id": run["run_id"], "nodes": json.dumps(wanted)}
+                )
             )
             generations = {row["node_index"]: row["generation"] for row in rows}
             revisions_by = {row["node_index"]: row["revision"] for row in rows}

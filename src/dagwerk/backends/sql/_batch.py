@@ -103,18 +103,37 @@ class BatchMixin(TasksMixin, QueueMixin, ClaimAheadMixin):
                 *self._preclaimed_deliveries(pre),
                 *(ClaimedDelivery(d, _claimed(r)) for d, r in zip(leased, claims, strict=True)),
             ]
+        taken: list[ClaimedDelivery] = []
+        if self._claim_intents:
+            # What the launches of this thread claimed for it comes first.
+            check_claim(worker_id, limit, lease_seconds, queues, wait_seconds)
+            RowFilter.of(None, plugins, prefer_run)
+            pre = self._take_preclaimed(worker_id, limit)
+            taken = self._preclaimed_deliveries(pre)
+            if taken and not pre.rest:
+                return taken
+            limit = pre.rest if taken else limit
+            wait_seconds = 0.0 if taken else wait_seconds
         # The leases leave the tasks' worker to the claims, which record it
         # in the statement that sets a task RUNNING (one task update, not two).
-        leased = self._dequeue(
-            worker_id,
-            limit=limit,
-            lease_seconds=lease_seconds,
-            queues=queues,
-            wait_seconds=wait_seconds,
-            plugins=plugins,
-            prefer_run=prefer_run,
-            record_worker=False,
-        )
+        try:
+            leased = self._dequeue(
+                worker_id,
+                limit=limit,
+                lease_seconds=lease_seconds,
+                queues=queues,
+                wait_seconds=wait_seconds,
+                plugins=plugins,
+                prefer_run=prefer_run,
+                record_worker=False,
+            )
+        except Exception:
+            if not taken:
+                raise
+            # The claimed tasks committed with their launches: whatever else
+            # fails, they must reach the worker.
+            _LOG.exception("reading the queue after the claimed launches failed")
+            return taken
         found: dict[str, TaskRecord | None] = {}
         for group in _by_run([(d.run_id, d) for d in leased]):
             try:
@@ -128,7 +147,7 @@ class BatchMixin(TasksMixin, QueueMixin, ClaimAheadMixin):
                 claimed = {d.delivery_id: None for d in group}
                 self._record_worker(worker_id, group)
             found.update(claimed)
-        return [ClaimedDelivery(d, found[d.delivery_id]) for d in leased]
+        return [*taken, *(ClaimedDelivery(d, found[d.delivery_id]) for d in leased)]
 
     def _preclaimed_deliveries(self, pre: Preclaimed) -> list[ClaimedDelivery]:
         """The claims of ``pre``; read again when the unit wrote since the

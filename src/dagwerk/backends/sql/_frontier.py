@@ -16,18 +16,21 @@ class FrontierMixin(SqlStoreBase):
         self, run_id: str, node_indices: Sequence[int], *, count_complete: bool = False
     ) -> RunFrontier | None:
         nodes = sorted({index for index in node_indices if type(index) is int})
+        head = ("run_frontier", {"run_id": run_id, "count": 1 if count_complete else 0})
         with self._gw.read() as tx:
-            run = tx.one("run_frontier", {"run_id": run_id, "count": 1 if count_complete else 0})
+            # The nodes' generations and revisions come along (one statement):
+            # a planning snapshot in the same unit of work needs them next.
+            # Both statements go in one flight (one round trip on PostgreSQL).
+            if nodes:
+                runs, rows = tx.all_of(
+                    [head, ("frontier_of_nodes", {"run_id": run_id, "nodes": json.dumps(nodes)})]
+                )
+                run = runs[0] if runs else None
+            else:
+                run, rows = tx.one(*head), []
             if run is None:
                 return None
             launches: dict[int, LaunchProgress] = {}
-            # The nodes' generations and revisions come along (one statement):
-            # a planning snapshot in the same unit of work needs them next.
-            rows = (
-                tx.all("frontier_of_nodes", {"run_id": run_id, "nodes": json.dumps(nodes)})
-                if nodes
-                else []
-            )
             active = [row for row in rows if row["launch_id"] is not None]
             mark = self._write_mark()
             if mark is not None:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Mapping
+from typing import NamedTuple
 
 from dagwerk._trusted import trusted_model
 from dagwerk.backends.requests import (
@@ -29,12 +30,30 @@ from dagwerk.store import InvalidStoreValueError
 from ._ahead import ClaimAheadMixin
 from ._base import FreshSnapshot, loads_object
 from ._plans import remember_plan
-from .gateway import Row, Tx
+from .gateway import Params, Row, Tx
 
 _STALE = LaunchCreateResult(status=LaunchCreateStatus.STALE)
 _SLICE = 250
 """Task rows per slice of a launch's inserts where the gateway sends writes
 without waiting (see ``_create_launch``)."""
+
+
+class _SnapshotReads(NamedTuple):
+    """A planning snapshot's reads, made in one flight (``_snapshot_ahead``)."""
+
+    run: Row | None
+    launches: dict[int, Row]
+    nodes: list[Row]
+    outputs: dict[int, list[Row]]
+
+
+class _LaunchReads(NamedTuple):
+    """A launch's reads, made in one flight (``_launch_ahead``)."""
+
+    run: Row | None
+    nodes: list[Row]
+    existing: list[Row]
+    published: dict[str, int]
 
 
 class LaunchesMixin(ClaimAheadMixin):
@@ -106,7 +125,20 @@ class LaunchesMixin(ClaimAheadMixin):
             # A frontier just read needs no run read (once the run's topology
             # is cached: otherwise the run's node definitions are read).
             fresh = self._frontier_now(run_id) if run_id in self._topologies else None
-            run = self._run_head(tx, run_id) if fresh is None else fresh.run
+            ahead = (
+                self._snapshot_ahead(
+                    tx, run_id, node_index, source_indices, min(per_edge, total_limit) + 1
+                )
+                if fresh is None
+                else None
+            )
+            run: Row | None
+            if fresh is not None:
+                run = fresh.run
+            elif ahead is not None:
+                run = ahead.run
+            else:
+                run = self._run_head(tx, run_id)
             if run is None:
                 raise InvalidStoreValueError(f"run {run_id!r} does not exist", field="run_id")
             check_node_index(node_index, run["node_count"], run_id)
@@ -116,6 +148,8 @@ class LaunchesMixin(ClaimAheadMixin):
             sources = sorted(set(source_indices.values()))
             if fresh is not None and fresh.nodes.issuperset(sources):
                 launches = {i: fresh.launches[i] for i in sources if i in fresh.launches}
+            elif ahead is not None:
+                launches = ahead.launches
             else:
                 launches = {
                     row["node_index"]: row
@@ -141,13 +175,17 @@ class LaunchesMixin(ClaimAheadMixin):
                 ):
                     # One output beyond each count limit signals overflow, so
                     # no more than that is ever read.
-                    rows = tx.all(
-                        "outputs_of_node",
-                        {
-                            "run_id": run_id,
-                            "node_index": source,
-                            "limit": min(per_edge, total_limit) + 1,
-                        },
+                    rows = (
+                        ahead.outputs[source]
+                        if ahead is not None
+                        else tx.all(
+                            "outputs_of_node",
+                            {
+                                "run_id": run_id,
+                                "node_index": source,
+                                "limit": min(per_edge, total_limit) + 1,
+                            },
+                        )
                     )
                     for row in rows:
                         published[row["output_id"]] = source
@@ -171,7 +209,9 @@ class LaunchesMixin(ClaimAheadMixin):
                             stopped = True
                             break
                 outputs_by_edge[name] = tuple(edge)
-            token, generation = self._token_and_generation(tx, run, node_index, fresh)
+            token, generation = self._token_and_generation(
+                tx, run, node_index, fresh, None if ahead is None else ahead.nodes
+            )
             mark = self._write_mark()
             if mark is not None:
                 # Read inside a unit's write transaction: until the unit's
@@ -184,6 +224,47 @@ class LaunchesMixin(ClaimAheadMixin):
                 source_dispositions=ReadOnlyDict(dispositions),
                 runtime_inputs=loads_object(run["run_input"]),
             )
+
+    def _snapshot_ahead(
+        self,
+        tx: Tx,
+        run_id: str,
+        node_index: int,
+        source_indices: Mapping[str, int],
+        limit: int,
+    ) -> _SnapshotReads | None:
+        """Every read of a planning snapshot in one flight, where a round trip
+        costs (a gateway that pipelines, PostgreSQL): the run, the sources'
+        launches, the node rows of the token and each source's outputs, the
+        latter read even for a source whose launch published none. ``None``
+        (the caller reads one by one) unless the run's topology is cached and
+        every index is one of its nodes."""
+        topology = self._topologies.get(run_id) if self._gw.pipelines_writes else None
+        token_nodes = self._token_nodes(run_id, node_index)
+        if topology is None or token_nodes is None:
+            return None
+        count = len(topology.nodes)
+        sources = sorted(set(source_indices.values()))
+        if any(type(i) is not int or not 0 <= i < count for i in sources):
+            return None
+        found = tx.all_of(
+            [
+                ("run_head", {"run_id": run_id}),
+                ("launches_of_nodes", {"run_id": run_id, "nodes": json.dumps(sources)}),
+                token_nodes,
+                *(
+                    ("outputs_of_node", {"run_id": run_id, "node_index": i, "limit": limit})
+                    for i in sources
+                ),
+            ]
+        )
+        runs, launches, nodes = found[0], found[1], found[2]
+        return _SnapshotReads(
+            run=runs[0] if runs else None,
+            launches={row["node_index"]: row for row in launches},
+            nodes=nodes,
+            outputs=dict(zip(sources, found[3:], strict=True)),
+        )
 
     def try_create_node_launch(  # noqa: PLR0917 (the seed's positional signature)
         self,
@@ -222,14 +303,21 @@ class LaunchesMixin(ClaimAheadMixin):
         fresh = self._fresh_snapshot
         run: Row | None
         published: Mapping[str, int] = {}
+        ahead: _LaunchReads | None = None
         if fresh is not None and fresh.token == snapshot_token and fresh.mark == mark:
             # The snapshot was read in this transaction with no write
             # since: its run row, token, generation and the outputs it
             # read are still what the database holds.
             _, token, run, generation, published = fresh
         else:
-            run = self._run_head(tx, run_id)
+            ahead = self._launch_ahead(tx, run_id, node_index, plans)
             token, generation = "", -1
+            if ahead is None:
+                run = self._run_head(tx, run_id)
+            else:
+                run, nodes, existing_rows, published = ahead
+                if run is not None and run["status"] == RunStatus.RUNNING.value:
+                    token, generation = self._token_and_generation(tx, run, node_index, nodes=nodes)
         if run is None or run["status"] != RunStatus.RUNNING.value:
             return _STALE
         check_node_index(node_index, run["node_count"], run_id)
@@ -248,7 +336,9 @@ class LaunchesMixin(ClaimAheadMixin):
         if snapshot_token != token:
             return _STALE
         frontier = self._frontier_now(run_id)
-        if (
+        if ahead is not None:
+            existing = existing_rows[0] if existing_rows else None
+        elif (
             frontier is not None
             and node_index in frontier.nodes
             and node_index not in frontier.launches
@@ -309,7 +399,7 @@ class LaunchesMixin(ClaimAheadMixin):
                     for n in range(start, min(start + step, len(plans)))
                 ]
                 rows.extend(part)
-                if step == len(plans) and self._preclaim(
+                if len(part) == len(plans) and self._preclaim(
                     tx, part, (queue, priority), now, plugin_name
                 ):
                     # Taken by the unit's claim ahead as they are written.
@@ -342,6 +432,34 @@ class LaunchesMixin(ClaimAheadMixin):
             LaunchCreateResult, {"status": LaunchCreateStatus.CREATED, "launch": view}
         )
 
+    def _launch_ahead(
+        self, tx: Tx, run_id: str, node_index: int, plans: tuple[TaskInputPlan, ...]
+    ) -> _LaunchReads | None:
+        """The reads of a launch in one flight, where a round trip costs (a
+        gateway that pipelines, PostgreSQL): the run (its lock preludes
+        first), the node rows of the token, the node's active launch and the
+        outputs the plans name. ``None`` (the caller reads one by one) unless
+        the run's topology is cached and ``node_index`` is one of its nodes.
+        The outputs come back as ``known`` for :meth:`_validate_plans`: read
+        under the run's lock in this transaction, with no write since."""
+        token_nodes = self._token_nodes(run_id, node_index) if self._gw.pipelines_writes else None
+        if token_nodes is None:
+            return None
+        try:
+            wanted = sorted(requested_outputs(plans))
+        except (InvalidStoreValueError, TypeError):
+            return None  # refused with the checks' own error, after the run read
+        queries: list[tuple[str, Params]] = [
+            ("run_head", {"run_id": run_id}),
+            token_nodes,
+            ("launch_active", {"run_id": run_id, "node_index": node_index}),
+        ]
+        if wanted:
+            queries.append(("outputs_valid_by_ids", {"run_id": run_id, "ids": json.dumps(wanted)}))
+        found = tx.all_of(queries)
+        published = {row["output_id"]: row["node_index"] for row in found[3]} if wanted else {}
+        return _LaunchReads(found[0][0] if found[0] else None, found[1], found[2], published)
+
     def _validate_plans(
         self,
         tx: Tx,
@@ -366,9 +484,7 @@ class LaunchesMixin(ClaimAheadMixin):
                     {"run_id": run["run_id"], "ids": json.dumps(sorted(wanted))},
                 )
             }
-        check_plans(
-            self._topology(run), node_index, generation, plans, published_by=published.get
-        )
+        check_plans(self._topology(run), node_index, generation, plans, published_by=published.get)
 
     # -- outputs ------------------------------------------------------------------------
 

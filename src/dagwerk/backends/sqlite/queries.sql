@@ -416,7 +416,6 @@ VALUES (:delivery_id, :task_id, :attempt_id, :generation, :run_id, :node_index, 
         :queue, :priority, :now, :delivery_count);
 
 -- name: task_insert_claimed
--- sqlite only: PostgreSQL has no unit of work, so no claim ahead announces itself.
 -- task_insert of a task the claim ahead of the same transaction takes as it
 -- is written: RUNNING, with the claiming worker (see sql/_ahead.py).
 INSERT INTO dagwerk_tasks
@@ -426,7 +425,6 @@ VALUES (:task_id, :run_id, :node_index, :generation, :launch_id, :status, :attem
         :worker_id, :started_at);
 
 -- name: delivery_insert_leased
--- sqlite only: as task_insert_claimed.
 -- delivery_insert of that task's delivery, leased to the claiming worker as
 -- queue_lease would leave it (hidden until the lease expires, delivered once).
 INSERT INTO dagwerk_deliveries
