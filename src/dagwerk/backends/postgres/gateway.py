@@ -594,8 +594,9 @@ class PostgresGateway(Gateway):
         queue up on the listening connection, so none is missed between a
         caller's empty dequeue and its wait.
 
-        New queue rows and released leases notify (``LISTEN/NOTIFY``); an
-        expired lease does not, so callers still dequeue after a timeout. The
+        New unleased queue rows and released leases notify
+        (``LISTEN/NOTIFY``); a row inserted already leased and an expired
+        lease do not, so callers still dequeue after a timeout. The
         first call starts listening and returns True at once, since work
         enqueued before it was announced to no one here. Notifications that
         arrive between calls wait on the connection, so none is lost while

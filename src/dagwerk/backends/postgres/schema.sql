@@ -178,19 +178,30 @@ CREATE TABLE dagwerk_dead_letters (
 CREATE INDEX dagwerk_dead_letters_run ON dagwerk_dead_letters (run_id, seq);
 
 -- Idle workers LISTEN on channel dagwerk_work; the payload is the schema, so
--- stores in other schemas of the same database ignore it. New queue rows and
--- released leases notify; an expired lease does not (workers still poll at
--- a slow interval as a backstop). NOTIFY is delivered at commit and folds
--- duplicates, so a 1,000-row launch sends one notification.
+-- stores in other schemas of the same database ignore it. New unleased queue
+-- rows and released leases notify; a row inserted already leased (a launch
+-- claiming its child for the launching worker) and an expired lease do not
+-- (workers still poll at a slow interval as a backstop). NOTIFY is delivered
+-- at commit and folds duplicates, and the insert trigger runs once per
+-- statement, so a 1,000-row launch sends one notification.
 CREATE FUNCTION dagwerk_notify_work() RETURNS trigger LANGUAGE plpgsql AS $$
 BEGIN
     PERFORM pg_notify('dagwerk_work', TG_TABLE_SCHEMA);
     RETURN NULL;
 END;
 $$;
+CREATE FUNCTION dagwerk_notify_claimable() RETURNS trigger LANGUAGE plpgsql AS $$
+BEGIN
+    IF EXISTS (SELECT 1 FROM inserted_rows WHERE lease_owner IS NULL) THEN
+        PERFORM pg_notify('dagwerk_work', TG_TABLE_SCHEMA);
+    END IF;
+    RETURN NULL;
+END;
+$$;
 CREATE TRIGGER dagwerk_deliveries_inserted
     AFTER INSERT ON dagwerk_deliveries
-    FOR EACH STATEMENT EXECUTE FUNCTION dagwerk_notify_work();
+    REFERENCING NEW TABLE AS inserted_rows
+    FOR EACH STATEMENT EXECUTE FUNCTION dagwerk_notify_claimable();
 CREATE TRIGGER dagwerk_deliveries_released
     AFTER UPDATE OF lease_owner ON dagwerk_deliveries
     FOR EACH ROW WHEN (OLD.lease_owner IS NOT NULL AND NEW.lease_owner IS NULL)

@@ -1,0 +1,8 @@
+-- dagwerk SQLite schema, version 16: no change.
+--
+-- On PostgreSQL version 16 makes the queue's insert trigger notify idle
+-- workers only for unleased rows. SQLite has no such trigger: a commit wakes
+-- this process's waiting dequeues only for statements that queue claimable
+-- rows (delivery_insert_leased is not one of them), and other processes wake
+-- on any write to the database's log. Both backends keep the same migration
+-- numbers, so this version exists here and changes nothing.
