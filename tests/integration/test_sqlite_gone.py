@@ -16,7 +16,7 @@ import pytest
 
 from dagwerk.backends.errors import StoreGoneError
 from dagwerk.backends.sqlite import SqliteStore
-from dagwerk.backends.sqlite.gateway import PLACE_CHECK_SECONDS
+from dagwerk.backends.sqlite.errors import PLACE_CHECK_SECONDS
 from dagwerk.engine import Engine
 from dagwerk.health import HealthState
 from dagwerk.runtime.faults import FaultKind, classify

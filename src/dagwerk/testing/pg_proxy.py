@@ -124,7 +124,7 @@ class DelayProxy:
 
     def cut_all(self) -> None:
         """Close every connection through the proxy now, both ways (new ones
-        are accepted as before)."""
+        are still accepted)."""
         assert self._loop is not None
         with self._lock:
             transports = list(self._relays.values())

@@ -511,7 +511,7 @@ def _leased(row: Row, worker_id: str, expires: float) -> LeasedDelivery:
         delivery_count=row["delivery_count"] + 1,
         worker_id=worker_id,
         lease_expires_at=expires,
-        # The row as it was before the lease.
+        # When the row became deliverable (its available_at, read before the lease).
         offered_at=row["available_at"],
     )
 

@@ -22,8 +22,6 @@ from contextlib import AbstractContextManager, contextmanager, suppress
 from pathlib import Path
 
 from dagwerk.backends.errors import (
-    StoreBusyError,
-    StoreCannotOpenError,
     StoreCorruptError,
     StoreFullError,
     StoreGoneError,
@@ -34,12 +32,20 @@ from dagwerk.backends.sql.gateway import Gateway, Params, Row, load_queries
 from dagwerk.backends.sqlite import _wake
 from dagwerk.backends.sqlite._checkpoint import Checkpointer
 from dagwerk.backends.sqlite._writer_queue import WriterQueue
+from dagwerk.backends.sqlite.errors import (
+    CANTOPEN,
+    PLACE_CHECK_SECONDS,
+    file_identity,
+    gone_reason,
+    open_refusal,
+    translate_error,
+)
 from dagwerk.errors import DagwerkError
 from dagwerk.store import InvalidStoreValueError, StoreContractError
 
 _LOG = logging.getLogger("dagwerk.backends.sqlite")
 
-__all__ = ["QUERIES", "SqliteGateway", "translate_error"]
+__all__ = ["QUERIES", "SqliteGateway"]
 
 QUERIES_PATH = Path(__file__).with_name("queries.sql")
 QUERIES: dict[str, str] = load_queries(QUERIES_PATH)
@@ -83,81 +89,6 @@ def _waker(key: str) -> _Waker:
         waker = _WAKERS.setdefault(key, _Waker())
         waker.gateways += 1
         return waker
-
-
-# Primary result codes (the low byte of the extended code).
-_BUSY, _LOCKED, _READONLY, _IOERR, _CORRUPT, _FULL, _CANTOPEN, _NOTADB = 5, 6, 8, 10, 11, 13, 14, 26
-
-
-def translate_error(
-    exc: sqlite3.Error, context: str, target: str | None = None
-) -> DagwerkError:
-    """The dagwerk error for a driver error (the driver error becomes its
-    cause); ``target`` is the database file's path."""
-    code = (getattr(exc, "sqlite_errorcode", None) or 0) & 0xFF
-    text = f"{context}: {exc}"
-    if isinstance(exc, sqlite3.IntegrityError):
-        return StoreContractError(f"{context}: constraint violated: {exc}")
-    if code in (_BUSY, _LOCKED) or "locked" in str(exc):
-        return StoreBusyError(text, target=target)
-    if code == _READONLY or "readonly" in str(exc):
-        return StoreReadOnlyError(text, target=target)
-    if code == _FULL or "full" in str(exc):
-        return StoreFullError(text, target=target)
-    if code in (_CORRUPT, _NOTADB) or "not a database" in str(exc):
-        return StoreCorruptError(text, target=target)
-    return StoreUnavailableError(text, target=target)
-
-
-def _open_refusal(path: str, exc: sqlite3.Error) -> DagwerkError:
-    """The error for a file SQLite could not open: permission denied, or a
-    directory that does not exist, is :class:`StoreCannotOpenError`."""
-    directory = os.path.dirname(os.path.abspath(path))
-    reason: str | None = None
-    if not os.path.isdir(directory):
-        reason = f"its directory {directory} does not exist"
-    else:
-        try:
-            os.close(os.open(path if os.path.exists(path) else directory, os.O_RDONLY))
-        except PermissionError:
-            where = path if os.path.exists(path) else directory
-            mode = os.stat(where).st_mode & 0o777
-            reason = f"permission denied on {where} (mode {mode:04o})"
-        except OSError:
-            reason = None
-    if reason is None:
-        return translate_error(exc, f"cannot open {path!r}", path)
-    return StoreCannotOpenError(f"cannot open {path!r}: {reason}", target=path)
-
-
-PLACE_CHECK_SECONDS = 1.0
-"""How often (at most) a gateway compares its open file with the file at its path."""
-
-
-def _identity(path: str) -> tuple[int, int] | None:
-    """The device and inode of the file at ``path``; ``None`` if unknown."""
-    try:
-        found = os.stat(path)
-    except OSError:
-        return None
-    return found.st_dev, found.st_ino
-
-
-def _gone_reason(path: str, identity: tuple[int, int]) -> str | None:
-    """Why the file at ``path`` is no longer the one with ``identity`` (the
-    file the connection has open), or ``None`` while it still is."""
-    try:
-        found = os.stat(path)
-    except FileNotFoundError:
-        directory = os.path.dirname(os.path.abspath(path))
-        if not os.path.isdir(directory):
-            return f"the database {path} was removed with its directory {directory}"
-        return f"the database file {path} was removed"
-    except OSError:
-        return None  # cannot tell (a directory made unreadable): the writes say
-    if (found.st_dev, found.st_ino) != identity:
-        return f"the database file {path} was replaced by another file"
-    return None
 
 
 class _Tx:
@@ -273,7 +204,7 @@ class SqliteGateway(Gateway):
         self._gone: str | None = None
         self._conn = self._connect()
         if not self.in_memory:
-            self._identity = _identity(path)
+            self._identity = file_identity(path)
         # A store dropped without close() closes its connection when it is
         # collected (not at interpreter exit, where daemon threads may still
         # use it), as Python's sqlite3 did by itself before 3.13 warned.
@@ -391,7 +322,7 @@ class SqliteGateway(Gateway):
                 cached_statements=256,
             )
         except sqlite3.Error as exc:
-            raise _open_refusal(self.path, exc) from exc
+            raise open_refusal(self.path, exc) from exc
         conn.row_factory = sqlite3.Row
         try:
             conn.execute(f"PRAGMA busy_timeout = {int(self.busy_timeout * 1000)}")
@@ -418,8 +349,8 @@ class SqliteGateway(Gateway):
                     conn.execute("PRAGMA wal_autocheckpoint = 8192")
         except sqlite3.Error as exc:
             conn.close()
-            if (getattr(exc, "sqlite_errorcode", None) or 0) & 0xFF == _CANTOPEN:
-                raise _open_refusal(self.path, exc) from exc
+            if (getattr(exc, "sqlite_errorcode", None) or 0) & 0xFF == CANTOPEN:
+                raise open_refusal(self.path, exc) from exc
             raise translate_error(exc, f"cannot open {self.path!r}", self.path) from exc
         except DagwerkError:
             conn.close()
@@ -470,7 +401,7 @@ class SqliteGateway(Gateway):
             if not now and clock < self._next_place_check:
                 return
             self._next_place_check = clock + PLACE_CHECK_SECONDS
-            self._gone = _gone_reason(self.path, identity)
+            self._gone = gone_reason(self.path, identity)
         if self._gone is not None:
             raise StoreGoneError(f"{self._gone} while this process had it open", target=self.path)
 
