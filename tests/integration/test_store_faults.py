@@ -22,6 +22,7 @@ import urllib.error
 import urllib.request
 from collections import Counter
 from collections.abc import Callable, Iterator
+from contextlib import closing
 from pathlib import Path
 
 import pytest
@@ -256,7 +257,7 @@ def test_a_full_disk_is_waited_out_and_the_run_completes_once_space_is_freed(
     # A result held while the disk was full is committed, not recomputed:
     # no item ran more than twice (a lease that expired meanwhile re-runs).
     assert max(runs.values()) <= 2, runs
-    with sqlite3.connect(project.db) as conn:
+    with closing(sqlite3.connect(project.db)) as conn:
         assert conn.execute("PRAGMA integrity_check").fetchone()[0] == "ok"
 
 
@@ -381,7 +382,7 @@ def test_a_schema_newer_than_this_dagwerk_exits_2_with_one_line(tmp_path: Path) 
     data.mkdir()
     project = Project(tmp_path, data, count=2)
     assert project.run("submit", str(project.pipeline), "--db", project.url).returncode == 0
-    with sqlite3.connect(project.db) as conn:
+    with closing(sqlite3.connect(project.db)) as conn, conn:
         conn.execute("UPDATE dagwerk_schema_version SET version = version + 100")
     for args in (
         ("worker", "--db", project.url, "--plugins", "fault_plugins"),
