@@ -9,7 +9,7 @@ burst of server bytes after client bytes; the delay keeps a pipelined
 flight from being split by an early answer), and check that each
 transaction still runs at its isolation level, holds its row locks,
 commits before it returns, maps errors to the same typed errors and
-survives (or reports) lost connections as before.
+survives (or reports) lost connections as an unpipelined one does.
 """
 
 from __future__ import annotations

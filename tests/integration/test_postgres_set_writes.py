@@ -248,7 +248,7 @@ def sent(monkeypatch: pytest.MonkeyPatch) -> Sent:
 
 @contextmanager
 def per_row() -> Iterator[None]:
-    """Run every many() call per row, as before the set forms."""
+    """Run every many() call per row, without the set forms."""
     saved = pg_gateway.SET_WRITES
     pg_gateway.SET_WRITES = {}
     try:
