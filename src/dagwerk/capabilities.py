@@ -49,6 +49,7 @@ from dagwerk.store import (
     WorkerPresenceStore,
 )
 from dagwerk.store_logs import RunTraceStore, TaskLogStore
+from dagwerk.store_results import RunOutputsStore
 from dagwerk.store_retention import RunRetentionStore
 from dagwerk.store_tracebacks import AttemptTracebackStore
 
@@ -93,6 +94,7 @@ class StoreCapabilities:
     schedules: ScheduleStore | None
     idempotent_submits: IdempotentSubmitStore | None
     views: RunViewStore | None
+    run_outputs: RunOutputsStore | None
     limits: Limits | None
     """The limits the store validates with (a :class:`LimitedStore`)."""
 

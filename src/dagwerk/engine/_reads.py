@@ -68,7 +68,7 @@ class EngineReads:
 
     def result(self, run_id: str) -> RunResult:
         """The run's status, error and published outputs, whatever its state."""
-        return read_result(self._store, run_id)
+        return read_result(self._store, run_id, self._capabilities.run_outputs)
 
     def progress(self, run_id: str) -> RunProgress:
         """Node and task counts of the run's active generation."""

@@ -13,6 +13,7 @@ from dagwerk.json import ReadOnlyDict, thaw_json
 from dagwerk.lineage import RunLink
 from dagwerk.models import ResolvedOutput
 from dagwerk.store import DagChildStore, RunRecord
+from dagwerk.store_results import RunOutputsStore
 
 __all__ = [
     "MAX_TREE_RUNS",
@@ -132,17 +133,28 @@ def read_progress(store: Any, run_id: str) -> RunProgress:
     )
 
 
-def read_result(store: Any, run_id: str) -> RunResult:
-    """The run's status, error and the outputs of every node's active generation."""
+def read_result(
+    store: Any, run_id: str, run_outputs: RunOutputsStore | None = None
+) -> RunResult:
+    """The run's status, error and the outputs of every node's active
+    generation; with ``run_outputs`` (the store's capability) every node's
+    outputs come from one read."""
     run = store.get_run(run_id)
     if run is None:
         raise RunNotFoundError(f"run {run_id!r} does not exist", field="run_id")
     nodes = store.get_run_nodes(run_id) or []
     outputs: dict[str, tuple[ResolvedOutput, ...]] = {}
-    for index, node in enumerate(nodes):
-        ids = tuple(store.get_output_ids(run_id, index))
-        resolved: Mapping[str, ResolvedOutput] = store.resolve_outputs(run_id, ids) if ids else {}
-        outputs[node.slug] = tuple(resolved[i] for i in ids if i in resolved)
+    if run_outputs is not None:
+        published = run_outputs.get_run_outputs(run_id)
+        for index, node in enumerate(nodes):
+            outputs[node.slug] = published.get(index, ())
+    else:
+        for index, node in enumerate(nodes):
+            ids = tuple(store.get_output_ids(run_id, index))
+            resolved: Mapping[str, ResolvedOutput] = (
+                store.resolve_outputs(run_id, ids) if ids else {}
+            )
+            outputs[node.slug] = tuple(resolved[i] for i in ids if i in resolved)
     return RunResult(
         run_id=run_id,
         status=run.status,

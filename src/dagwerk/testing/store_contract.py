@@ -43,6 +43,7 @@ from dagwerk.testing.contract_policies import *  # noqa: F403
 from dagwerk.testing.contract_queue import *  # noqa: F403
 from dagwerk.testing.contract_retention import *  # noqa: F403
 from dagwerk.testing.contract_retry import *  # noqa: F403
+from dagwerk.testing.contract_run_outputs import *  # noqa: F403
 from dagwerk.testing.contract_schedules import *  # noqa: F403
 from dagwerk.testing.contract_snapshots import *  # noqa: F403
 from dagwerk.testing.contract_states import *  # noqa: F403

@@ -186,6 +186,18 @@ class LaunchesMixin(MemoryStoreBase):
                     found[output_id] = output.resolved
             return found
 
+    def get_run_outputs(self, run_id: str) -> Mapping[int, tuple[ResolvedOutput, ...]]:
+        with self._lock:
+            run = self._runs.get(run_id)
+            if run is None:
+                return {}
+            found: dict[int, tuple[ResolvedOutput, ...]] = {}
+            for index, output_ids in run.node_outputs.items():
+                valid = [run.outputs[o] for o in output_ids if not run.outputs[o].invalidated]
+                if valid:
+                    found[index] = tuple(output.resolved for output in valid)
+            return dict(sorted(found.items()))
+
     def get_output_ids(self, run_id: str, node_index: int) -> tuple[str, ...]:
         with self._lock:
             run = self._runs.get(run_id)

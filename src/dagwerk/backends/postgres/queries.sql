@@ -455,6 +455,12 @@ SELECT output_id, fields, correlation_id, routing_size FROM dagwerk_outputs
 WHERE run_id = :run_id AND node_index = :node_index AND invalidated = 0
 ORDER BY seq LIMIT :limit;
 
+-- name: outputs_of_run
+-- Every valid output of the run with its node, for the run's result
+-- (dagwerk_outputs_node serves it: run_id, then node_index and seq).
+SELECT output_id, node_index, fields, data FROM dagwerk_outputs
+WHERE run_id = :run_id AND invalidated = 0 ORDER BY node_index, seq;
+
 -- name: output_ids_of_node
 SELECT output_id FROM dagwerk_outputs
 WHERE run_id = :run_id AND node_index = :node_index AND invalidated = 0 ORDER BY seq;

@@ -517,6 +517,16 @@ class LaunchesMixin(ClaimAheadMixin):
             return self.resolve_outputs(run_id, output_ids)
         return {oid: resolved_output(oid, *texts[oid]) for oid in output_ids if oid in texts}
 
+    def get_run_outputs(self, run_id: str) -> Mapping[int, tuple[ResolvedOutput, ...]]:
+        with self._gw.read() as tx:
+            rows = tx.all("outputs_of_run", {"run_id": run_id})
+        found: dict[int, list[ResolvedOutput]] = {}
+        for row in rows:
+            found.setdefault(row["node_index"], []).append(
+                resolved_output(row["output_id"], row["fields"], row["data"])
+            )
+        return {index: tuple(outputs) for index, outputs in found.items()}
+
     def get_output_ids(self, run_id: str, node_index: int) -> tuple[str, ...]:
         with self._gw.read() as tx:
             rows = tx.all("output_ids_of_node", {"run_id": run_id, "node_index": node_index})
