@@ -11,6 +11,7 @@ the run callbacks fire only once it has committed.
 
 from __future__ import annotations
 
+import logging
 import threading
 from collections.abc import Callable
 from pathlib import Path
@@ -20,7 +21,7 @@ import pytest
 
 from dagwerk import completions
 from dagwerk._protocols import implements
-from dagwerk.backends.errors import StoreUnavailableError
+from dagwerk.backends.errors import StoreFullError, StoreUnavailableError
 from dagwerk.backends.memory.store import MemoryStore
 from dagwerk.backends.sqlite import SqliteStore
 from dagwerk.constants import RunStatus, TaskStatus
@@ -428,6 +429,30 @@ def test_a_stopping_worker_gives_back_what_it_claimed_ahead(db: Path) -> None:
     (child,) = [t for t in engine.store.list_tasks(run_id) if t.node_index == 1]
     assert child.status is TaskStatus.RUNNING
     _stop_releases_and_another_worker_finishes(engine, worker, run_id)
+
+
+def test_a_store_fault_while_giving_back_the_claim_ahead_is_one_line(
+    db: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    # A worker stopping while its disk is full cannot give back what it
+    # claimed ahead: it says so once, without a traceback, and leaves the
+    # deliveries to their leases.
+    engine, _ = _chain_engine(db)
+    worker = engine.worker(concurrency=4)
+    worker.process_once()
+    assert len(worker.claimed_ahead) == 1
+
+    def full(*args: Any, **kwargs: Any) -> None:
+        raise StoreFullError("commit failed: database or disk is full", target=str(db))
+
+    monkeypatch.setattr(engine.store, "nack", full)
+    with caplog.at_level(logging.WARNING):
+        worker.stop()
+    records = [r for r in caplog.records if r.levelno >= logging.WARNING]
+    assert len(records) == 1, [r.getMessage() for r in records]
+    assert "giving back 1 deliveries claimed ahead failed" in records[0].getMessage()
+    assert records[0].exc_info is None
+    assert worker.claimed_ahead == []
 
 
 def test_a_stop_after_the_claim_was_announced_still_hands_over_and_releases(

@@ -176,11 +176,17 @@ class BatchPath:
         """Give back what was claimed for a batch that will not run: as for an
         attempt the stop aborted, the delivery goes back and its redelivery
         recovers the task under a new attempt."""
-        for claim in self._take_claimed_ahead():
+        claims = self._take_claimed_ahead()
+        for n, claim in enumerate(claims):
             delivery = claim.delivery
             try:
                 self._settler.release(delivery)
-            except Exception:
+            except Exception as exc:
+                left = len(claims) - n
+                if self._settler.faults.note(exc, f"giving back {left} deliveries claimed ahead"):
+                    # The store is at fault: the rest come back when their
+                    # leases end, as a stopped worker's do.
+                    return
                 _LOG.exception("releasing delivery %s failed", delivery.delivery_id)
 
     def _take_claimed_ahead(self) -> list[ClaimedDelivery]:
