@@ -144,6 +144,14 @@ class ClaimAheadStore(Protocol):
         True when noted; False where the store cannot (nothing changes)."""
         ...
 
+    def handed_over_all_available(self) -> bool:
+        """Whether the calling thread's last ``claim_deliveries`` handed over
+        only tasks its launches had claimed, and those launches saw nothing
+        else available for it and nothing was written since: a claim ahead
+        right after it would find nothing worth a look (rows that arrived
+        since wait for the next claim, as they would for any worker)."""
+        ...
+
 
 @runtime_checkable
 class UnitOfWorkStore(Protocol):

@@ -207,6 +207,11 @@ class BatchPath:
         )
         if len(claims) < settings.concurrency or self._stopping.is_set():
             return claims  # the queue is drained (or the worker stops): nothing ahead
+        announcer = self._claim_ahead
+        if announcer is not None and announcer.handed_over_all_available():
+            # The claim handed over what the completions' launches claimed,
+            # and they saw nothing else available: no queue read finds more.
+            return claims
         count, plugins = self.ahead.plan(served)
         if count:
             claims.extend(

@@ -77,6 +77,9 @@ class ClaimAheadMixin(SqlStoreBase):
         super().__init__(*args, **kwargs)
         # Per thread, what its unit's claim ahead will ask.
         self._claim_intents: dict[int, ClaimIntent] = {}
+        # Threads whose last claim handed over all its launches found
+        # available (see handed_over_all_available).
+        self._handed_all: set[int] = set()
 
     def expect_claim(
         self,
@@ -207,6 +210,18 @@ class ClaimAheadMixin(SqlStoreBase):
         intent.room -= len(rows)
         intent.mark = self._write_mark()
 
+    def handed_over_all_available(self) -> bool:
+        return threading.get_ident() in self._handed_all
+
+    def _note_handed_over(self, pre: Preclaimed | None) -> None:
+        """Remember, for the calling thread's claim, whether it handed over
+        everything available (``pre`` settled); ``None``: no hand-over."""
+        thread = threading.get_ident()
+        if pre is not None and pre.settled:
+            self._handed_all.add(thread)
+        else:
+            self._handed_all.discard(thread)
+
     def _take_preclaimed(self, worker_id: str, limit: int) -> Preclaimed:
         """What the unit's launches claimed for ``worker_id``'s claim ahead
         of at most ``limit`` rows. The intent ends here."""
@@ -220,9 +235,10 @@ class ClaimAheadMixin(SqlStoreBase):
             intent.mark is not None and intent.mark == self._write_mark()
         )
         rest = max(0, min(limit, intent.room + len(intent.claimed)) - len(intent.claimed))
-        if current and intent.settled:
+        settled = current and intent.settled
+        if settled:
             rest = 0  # nothing was available beside them, nothing written since
-        return Preclaimed(intent.claimed, rest, current=current)
+        return Preclaimed(intent.claimed, rest, current=current, settled=settled)
 
 
 @dataclass(frozen=True)
@@ -235,3 +251,6 @@ class Preclaimed:
     """How many more rows the claim may take by reading the queue."""
     current: bool
     """Nothing was written since the last of them: no need to read them again."""
+    settled: bool = False
+    """Besides them nothing was available when the last of them was claimed,
+    and nothing was written since: the claim takes nothing else."""

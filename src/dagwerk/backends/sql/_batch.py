@@ -76,6 +76,7 @@ class BatchMixin(TasksMixin, QueueMixin, ClaimAheadMixin):
                 check_claim(worker_id, limit, lease_seconds, queues, wait_seconds)
                 RowFilter.of(None, plugins, prefer_run)
             pre = self._take_preclaimed(worker_id, limit)
+            self._note_handed_over(pre)
             claims: list[Row | None] = []
             leased: list[LeasedDelivery] = []
             if pre.rest or not pre.claimed:
@@ -104,15 +105,18 @@ class BatchMixin(TasksMixin, QueueMixin, ClaimAheadMixin):
                 *(ClaimedDelivery(d, _claimed(r)) for d, r in zip(leased, claims, strict=True)),
             ]
         taken: list[ClaimedDelivery] = []
+        ahead: Preclaimed | None = None
         if self._claim_intents:
             # What the launches of this thread claimed for it comes first.
             check_claim(worker_id, limit, lease_seconds, queues, wait_seconds)
             RowFilter.of(None, plugins, prefer_run)
-            pre = self._take_preclaimed(worker_id, limit)
-            taken = self._preclaimed_deliveries(pre)
-            if taken and not pre.rest:
+            ahead = self._take_preclaimed(worker_id, limit)
+            taken = self._preclaimed_deliveries(ahead)
+        self._note_handed_over(ahead)
+        if ahead is not None:
+            if taken and not ahead.rest:
                 return taken
-            limit = pre.rest if taken else limit
+            limit = ahead.rest if taken else limit
             wait_seconds = 0.0 if taken else wait_seconds
         # The leases leave the tasks' worker to the claims, which record it
         # in the statement that sets a task RUNNING (one task update, not two).
