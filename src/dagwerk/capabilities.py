@@ -48,6 +48,7 @@ from dagwerk.store import (
     WaitResponseStore,
     WorkerPresenceStore,
 )
+from dagwerk.store_changes import ChangeWaitStore
 from dagwerk.store_logs import RunTraceStore, TaskLogStore
 from dagwerk.store_results import RunOutputsStore
 from dagwerk.store_retention import RunRetentionStore
@@ -95,6 +96,7 @@ class StoreCapabilities:
     idempotent_submits: IdempotentSubmitStore | None
     views: RunViewStore | None
     run_outputs: RunOutputsStore | None
+    changes: ChangeWaitStore | None
     limits: Limits | None
     """The limits the store validates with (a :class:`LimitedStore`)."""
 

@@ -161,6 +161,12 @@ def new_run_id() -> str:
     return f"run-{uuid.uuid4().hex[:16]}"
 
 
+MIN_READ_GAP = 0.005
+"""The least seconds between two reads of a waiting ``Engine.wait`` woken
+by the store's changes: a run with a commit every millisecond is not read
+at that rate."""
+
+
 class Engine(ScheduleMethods, ViewMethods):
     """A store opened from ``url``, a plugin registry, and workers bound to both.
 
@@ -168,10 +174,12 @@ class Engine(ScheduleMethods, ViewMethods):
     current directory), ``memory://`` or ``postgresql://...``; ``store_options``
     go to the store (``limits``, ``max_deliveries``, ...). ``execution_root``
     is where plugins run (default: the current directory, made absolute);
-    ``poll_interval`` is how often ``wait`` reads the run and how long an idle
-    in-process worker sleeps at most. ``backstop_interval`` is the seconds
-    between the gated-dispatch backstop passes of the workers this engine
-    builds, ``run`` included (default 30; ``None`` or 0 disables them).
+    ``poll_interval`` is how often ``wait`` reads the run (on a SQLite file
+    it reads again as soon as a commit may have changed it, at most every
+    ``MIN_READ_GAP``) and how long an idle in-process worker sleeps at most.
+    ``backstop_interval`` is the seconds between the gated-dispatch backstop
+    passes of the workers this engine builds, ``run`` included (default 30;
+    ``None`` or 0 disables them).
     ``schedule_interval`` is the seconds between the scheduler passes of those
     workers (default 1; ``None`` or 0: they do not schedule).
     ``idempotency_retention`` is how long an idempotency key of ``submit``
@@ -482,6 +490,7 @@ class Engine(ScheduleMethods, ViewMethods):
         pause = threading.Event()
         while True:
             status: RunStatus | None = None
+            read_at = time.monotonic()
             try:
                 status = self._poll(run_id, on_progress, faults)
             except StoreUnavailableError as error:
@@ -498,7 +507,20 @@ class Engine(ScheduleMethods, ViewMethods):
                     f"run {run_id!r} is still {still} after {timeout}s",
                     field="timeout",
                 )
+            self._pause(pause, read_at)
+
+    def _pause(self, pause: threading.Event, read_at: float) -> None:
+        """Between two reads of :meth:`wait`: the poll interval, or less once
+        the store says it may have changed (``ChangeWaitStore``), but
+        at least ``MIN_READ_GAP`` after the last read began."""
+        changes = self._capabilities.changes
+        if changes is None:
             pause.wait(self.poll_interval)
+            return
+        changes.wait_for_change(self.poll_interval)
+        rest = read_at + MIN_READ_GAP - time.monotonic()
+        if rest > 0:
+            pause.wait(rest)
 
     def _poll(
         self, run_id: str, on_progress: ProgressCallback | None, faults: FaultGate | None

@@ -238,9 +238,10 @@ class SqliteGateway(Gateway):
         with self._waker.cond:
             return self._waker.epoch
 
-    def wait_for_work(self, timeout: float, since: int | None = None) -> None:
+    def wait_for_work(self, timeout: float, since: int | None = None) -> bool:
         """Block until a commit made a queue row deliverable (after epoch
-        ``since``), or for a short poll interval, at most ``timeout`` seconds.
+        ``since``), or for a short poll interval, at most ``timeout`` seconds;
+        True when a commit ended the wait.
 
         A waking commit of this process ends the wait at once; so does any
         commit of another process on Linux (the log watcher of ``_wake.py``),
@@ -251,17 +252,17 @@ class SqliteGateway(Gateway):
         if watched:
             _wake.begin_wait()
         try:
-            self._wait(end, since, seen, watched)
+            return self._wait(end, since, seen, watched)
         finally:
             if watched:
                 _wake.end_wait()
 
-    def _wait(self, end: float, since: int | None, seen: int | None, watched: bool) -> None:
+    def _wait(self, end: float, since: int | None, seen: int | None, watched: bool) -> bool:
         while True:
             now = time.monotonic()
             remaining = end - now
             if remaining <= 0:
-                return
+                return False
             quiet = now - self._last_change
             # Watched, other processes' commits wake this wait: the poll is
             # only a safety net and need not run fast while they commit.
@@ -270,14 +271,14 @@ class SqliteGateway(Gateway):
             with self._waker.cond:
                 if since is not None and self._waker.epoch != since:
                     self._last_change = time.monotonic()
-                    return
+                    return True
                 if self._waker.cond.wait(step):
                     self._last_change = time.monotonic()
-                    return
+                    return True
             if seen is not None and self._data_version() != seen:
                 # Another connection committed: maybe a delivery, so look.
                 self._last_change = time.monotonic()
-                return
+                return True
 
     def _watch_other_processes(self) -> bool:
         """Watch this database's log (once per process): other processes'

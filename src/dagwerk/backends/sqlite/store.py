@@ -172,6 +172,15 @@ class SqliteStore(SqlStore):
         transaction (:class:`~dagwerk.store.UnitOfWorkStore`)."""
         return self._sqlite.unit(all_or_nothing=all_or_nothing)
 
+    def wait_for_change(self, timeout: float) -> None:
+        """Until another process may have committed to the file (or a commit
+        of this process woke its waiting workers), at most ``timeout``
+        seconds (:class:`~dagwerk.store_changes.ChangeWaitStore`)."""
+        end = time.monotonic() + max(0.0, timeout)
+        while (remaining := end - time.monotonic()) > 0:
+            if self._sqlite.wait_for_work(remaining):
+                return
+
     def close(self) -> None:
         """Close this process's connection; the store is unusable afterwards."""
         self._sqlite.close()
