@@ -9,8 +9,10 @@ from collections.abc import Mapping
 from dagwerk.models import ResolvedOutput
 from dagwerk.orchestrator import on_task_complete, on_task_failed
 from dagwerk.retry import retry_run
+from dagwerk.store import TaskRecord
 from dagwerk.store_results import RunOutputsStore
 from dagwerk.testing.helpers import (
+    CallbackLog,
     ContractStore,
     child,
     claim,
@@ -46,27 +48,24 @@ def _dumped(outputs: Mapping[int, tuple[ResolvedOutput, ...]]) -> dict[int, list
     return {index: [o.model_dump() for o in found] for index, found in outputs.items()}
 
 
+def _complete(store: ContractStore, log: CallbackLog, record: TaskRecord, *ids: str) -> None:
+    """Claim and complete the task's current attempt with outputs ``ids``."""
+    claim(store, record)
+    on_task_complete(
+        store,
+        task_id=record.task_id,
+        expected_attempt_id=record.attempt_id,
+        outputs=emit(*ids, k="v"),
+        callbacks=log.callbacks,
+    )
+
+
 def test_ro_01_every_nodes_outputs_come_in_publication_order(store: ContractStore) -> None:
     reader = _run_outputs(store)
     log = new_run(store, [root("r"), child("m", "r")])
-    top = only_task(store, "run-1", 0)
-    claim(store, top)
-    on_task_complete(
-        store,
-        task_id=top.task_id,
-        expected_attempt_id=top.attempt_id,
-        outputs=emit("r-2", "r-1", "r-3", k="v"),
-        callbacks=log.callbacks,
-    )
+    _complete(store, log, only_task(store, "run-1", 0), "r-2", "r-1", "r-3")
     first, *_ = tasks_of(store, "run-1", 1)
-    claim(store, first)
-    on_task_complete(
-        store,
-        task_id=first.task_id,
-        expected_attempt_id=first.attempt_id,
-        outputs=emit("m-1"),
-        callbacks=log.callbacks,
-    )
+    _complete(store, log, first, "m-1")
     found = reader.get_run_outputs("run-1")
     assert [o.id for o in found[0]] == ["r-2", "r-1", "r-3"]
     assert [o.id for o in found[1]] == ["m-1"]
@@ -78,19 +77,10 @@ def test_ro_01_every_nodes_outputs_come_in_publication_order(store: ContractStor
 def test_ro_02_invalidated_outputs_are_left_out(store: ContractStore) -> None:
     reader = _run_outputs(store)
     log = new_run(store, [root("r"), child("m", "r")])
-    top = only_task(store, "run-1", 0)
-    claim(store, top)
-    on_task_complete(
-        store,
-        task_id=top.task_id,
-        expected_attempt_id=top.attempt_id,
-        outputs=emit("r1", "r2"),
-        callbacks=log.callbacks,
-    )
+    _complete(store, log, only_task(store, "run-1", 0), "r1", "r2")
     good, bad = tasks_of(store, "run-1", 1)
-    claim(store, good)
+    _complete(store, log, good, "m1")
     claim(store, bad)
-    assert store.try_complete_task(good.task_id, emit("m1"), expected_attempt_id=good.attempt_id)
     on_task_failed(
         store,
         task_id=bad.task_id,
