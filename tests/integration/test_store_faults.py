@@ -261,6 +261,32 @@ def test_a_full_disk_is_waited_out_and_the_run_completes_once_space_is_freed(
         assert conn.execute("PRAGMA integrity_check").fetchone()[0] == "ok"
 
 
+def test_a_burst_worker_waits_out_a_full_disk_and_exits_once_the_work_is_done(
+    tmp_path: Path, tmpfs: Path
+) -> None:
+    project = Project(tmp_path, tmpfs, count=60)
+    filler = tmpfs / "filler"
+    filler.write_bytes(b"\0" * (7 * 1024 * 1024 + 256 * 1024))
+    submitted = project.run(
+        "submit", str(project.pipeline), "--db", project.url, "--run-id", "burst-run"
+    )
+    assert submitted.returncode == 0, submitted.stderr
+    worker = project.start("worker", "--db", project.url, "--plugins", "fault_plugins", "--burst")
+    try:
+        _wait_for(lambda: "database or disk is full" in project.stderr(), 60, "the fault line")
+        share = _cpu_share_while_waiting(worker)
+        assert worker.poll() is None, project.stderr()  # waits, does not exit
+        filler.unlink()
+        worker.wait(timeout=90)
+    finally:
+        _reap(worker)
+    stderr = _ended_calmly(worker, share, project)
+    assert len(_log_lines(stderr)) <= 12, stderr
+    assert any("answers again" in line for line in _log_lines(stderr)), stderr
+    assert "no work left" in stderr, stderr
+    project.assert_settled_once("burst-run")
+
+
 def test_fail_on_fault_ends_run_after_the_fault_lasted(tmp_path: Path, tmpfs: Path) -> None:
     project = Project(tmp_path, tmpfs, count=60)
     (tmpfs / "filler").write_bytes(b"\0" * (7 * 1024 * 1024 + 256 * 1024))

@@ -56,7 +56,7 @@ from dagwerk.runtime.clock import Clock, SystemClock
 from dagwerk.runtime.context import validate_execution_root
 from dagwerk.runtime.errors import WorkerStoppedError
 from dagwerk.runtime.executors import ClosableExecutor, Executor, make_executor
-from dagwerk.runtime.faults import FaultGate
+from dagwerk.runtime.faults import FaultGate, FaultKind, classify
 from dagwerk.runtime.monitor import AttemptMonitor
 from dagwerk.runtime.observer import DeliveryReport, WorkerObserver
 from dagwerk.runtime.plugins import PluginFn, PluginRegistry, PluginSpec
@@ -453,22 +453,46 @@ class Worker:
         retry on its backoff, a released delivery; rows under another
         worker's live lease are not waited for); the count handled. Without a
         :class:`~dagwerk.store.QueueForecastStore` it stops when idle, as
-        :meth:`run_until_idle` does. The worker is recorded as live meanwhile."""
+        :meth:`run_until_idle` does. The worker is recorded as live meanwhile.
+
+        A transient store fault is waited out as the background loop does (one
+        line, the capped backoff, held settlements committed before the end);
+        a fatal one is raised."""
         if self.presence is not None:
             self.presence.start()
         try:
             total = 0
             while not self.stopping.is_set():
-                total += self.run_until_idle()
-                due = self._next_due()
-                if due is None or due > horizon:
-                    break
-                # The dequeue waits (up to a little past the row's time) for it.
-                total += self.process_once(wait_seconds=due + self.poll_interval)
+                try:
+                    if not self.faults.retry_parked():
+                        self._pause_after_fault()
+                        continue  # held settlements first: nothing may be left behind
+                    total += self.run_until_idle()
+                    due = self._next_due()
+                    if self.faults.parked:
+                        self._pause_after_fault()  # the held settlements, again
+                        continue
+                    self.faults.pause()  # a fault that cleared is said once
+                    if due is None or due > horizon:
+                        break
+                    # The dequeue waits (up to a little past the row's time) for it.
+                    total += self.process_once(wait_seconds=due + self.poll_interval)
+                except Exception as exc:
+                    if classify(exc) is not FaultKind.TRANSIENT:
+                        raise
+                    self.faults.note(exc, "serving the queue")
+                    self._pause_after_fault()
             return total
         finally:
             if self.presence is not None:
                 self.presence.stop()
+
+    def _pause_after_fault(self) -> None:
+        """The fault gate's backoff (or a fatal fault, raised)."""
+        fatal = self.faults.fatal
+        if fatal is not None:
+            raise fatal
+        self.clock.wait(self.stopping, max(self.faults.pause(), self.poll_interval))
 
     def _next_due(self) -> float | None:
         forecast = self.capabilities.forecast
