@@ -223,24 +223,38 @@ def _progress_free(text: str) -> list[str]:
     return [line for line in _log_lines(text) if not line.startswith("[")]
 
 
+def _fill(tmpfs: Path) -> Path:
+    """A filler file that leaves too little of the tmpfs free for 60 outputs
+    of 20 KB; unlink it to free the space."""
+    filler = tmpfs / "filler"
+    filler.write_bytes(b"\0" * (7 * 1024 * 1024 + 256 * 1024))
+    return filler
+
+
+def _outlast_full_disk(process: subprocess.Popen[str], project: Project, filler: Path) -> float:
+    """Wait for ``process`` to say the disk is full, measure its CPU share
+    while it waits (it must not exit), free the space and wait for its end;
+    the share."""
+    try:
+        _wait_for(lambda: "database or disk is full" in project.stderr(), 60, "the fault line")
+        share = _cpu_share_while_waiting(process)
+        assert process.poll() is None, project.stderr()  # waits, does not exit
+        filler.unlink()
+        process.wait(timeout=90)
+    finally:
+        _reap(process)
+    return share
+
+
 def test_a_full_disk_is_waited_out_and_the_run_completes_once_space_is_freed(
     tmp_path: Path, tmpfs: Path
 ) -> None:
     project = Project(tmp_path, tmpfs, count=60)
-    filler = tmpfs / "filler"
-    # 60 outputs of 20 KB do not fit in what the filler leaves free.
-    filler.write_bytes(b"\0" * (7 * 1024 * 1024 + 256 * 1024))
+    filler = _fill(tmpfs)
     run = project.start(
         "run", str(project.pipeline), "--db", project.url, "--run-id", "full-run", "--json"
     )
-    try:
-        _wait_for(lambda: "database or disk is full" in project.stderr(), 60, "the fault line")
-        share = _cpu_share_while_waiting(run)
-        assert run.poll() is None, project.stderr()
-        filler.unlink()
-        run.wait(timeout=90)
-    finally:
-        _reap(run)
+    share = _outlast_full_disk(run, project, filler)
     stderr = _ended_calmly(run, share, project)
     fault_lines = [line for line in _progress_free(stderr) if "disk is full" in line]
     assert fault_lines, stderr
@@ -265,21 +279,13 @@ def test_a_burst_worker_waits_out_a_full_disk_and_exits_once_the_work_is_done(
     tmp_path: Path, tmpfs: Path
 ) -> None:
     project = Project(tmp_path, tmpfs, count=60)
-    filler = tmpfs / "filler"
-    filler.write_bytes(b"\0" * (7 * 1024 * 1024 + 256 * 1024))
+    filler = _fill(tmpfs)
     submitted = project.run(
         "submit", str(project.pipeline), "--db", project.url, "--run-id", "burst-run"
     )
     assert submitted.returncode == 0, submitted.stderr
     worker = project.start("worker", "--db", project.url, "--plugins", "fault_plugins", "--burst")
-    try:
-        _wait_for(lambda: "database or disk is full" in project.stderr(), 60, "the fault line")
-        share = _cpu_share_while_waiting(worker)
-        assert worker.poll() is None, project.stderr()  # waits, does not exit
-        filler.unlink()
-        worker.wait(timeout=90)
-    finally:
-        _reap(worker)
+    share = _outlast_full_disk(worker, project, filler)
     stderr = _ended_calmly(worker, share, project)
     assert len(_log_lines(stderr)) <= 12, stderr
     assert any("answers again" in line for line in _log_lines(stderr)), stderr
@@ -289,7 +295,7 @@ def test_a_burst_worker_waits_out_a_full_disk_and_exits_once_the_work_is_done(
 
 def test_fail_on_fault_ends_run_after_the_fault_lasted(tmp_path: Path, tmpfs: Path) -> None:
     project = Project(tmp_path, tmpfs, count=60)
-    (tmpfs / "filler").write_bytes(b"\0" * (7 * 1024 * 1024 + 256 * 1024))
+    _fill(tmpfs)
     started = time.monotonic()
     done = project.run("run", str(project.pipeline), "--db", project.url, "--fail-on-fault", "2")
     assert done.returncode == 1, done.stderr
