@@ -278,10 +278,13 @@ def test_a_step_that_returned_at_once_still_backs_off() -> None:
         return False
 
     actor = AdvancementActor(quick, runs.read, clock=clock, idle_backoff_min=60, step_waits=5.0)
-    actor.start()
     results: list[object] = []
+    # The observer is parked before the loop starts, so its wake is set before
+    # the loop's first look and cannot cut the backoff sleep after the step.
     waiter = _waiter(actor, "r", results)
     try:
+        assert clock.wait_for_waiters(1), "the observer never parked"
+        actor.start()
         # The observer and, after one step, the actor's backoff sleep wait
         # on the fake clock, which never moves.
         wait_until(lambda: bool(calls) and clock.waiters >= 2, "the backoff sleep")
