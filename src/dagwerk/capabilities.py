@@ -49,6 +49,7 @@ from dagwerk.store import (
     WorkerPresenceStore,
 )
 from dagwerk.store_changes import ChangeWaitStore
+from dagwerk.store_completion_reads import CompletionReadsStore
 from dagwerk.store_logs import RunTraceStore, TaskLogStore
 from dagwerk.store_results import RunOutputsStore
 from dagwerk.store_retention import RunRetentionStore
@@ -97,6 +98,7 @@ class StoreCapabilities:
     views: RunViewStore | None
     run_outputs: RunOutputsStore | None
     changes: ChangeWaitStore | None
+    completion_reads: CompletionReadsStore | None
     limits: Limits | None
     """The limits the store validates with (a :class:`LimitedStore`)."""
 

@@ -44,6 +44,7 @@ from dagwerk.store import (
     TaskCompletionResult,
     UnitOfWorkStore,
 )
+from dagwerk.store_completion_reads import CompletionReadsStore
 
 __all__ = ["complete_attempts"]
 
@@ -90,7 +91,12 @@ def complete_attempts(
         # thread (see ClaimAheadStore); each write commits on its own.
         if before is not None:
             before()
-        outcomes = _complete(store, worker_id, items, callbacks, limits)
+        if implements(store, CompletionReadsStore):
+            # The reconciles' first reads come with the completions' commit.
+            with store.reads_with_completions():
+                outcomes = _complete(store, worker_id, items, callbacks, limits)
+        else:
+            outcomes = _complete(store, worker_id, items, callbacks, limits)
         if then is not None:
             try:
                 then()

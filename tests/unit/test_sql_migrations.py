@@ -70,6 +70,9 @@ class _Tx:
     def all_committing(self, name: str, params: Params | None = None) -> list[Row]:
         raise AssertionError(name)
 
+    def all_of_committing(self, queries: Sequence[tuple[str, Params]]) -> list[list[Row]]:
+        raise AssertionError(queries)
+
     def many(self, name: str, rows: Iterable[Params]) -> None:
         raise AssertionError(name)
 

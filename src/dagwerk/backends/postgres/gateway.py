@@ -223,8 +223,13 @@ class _Tx:
             self._send_begin()
             self._sync()
             return None
-        if kind == "all_commit":
-            cursor = self._send(name, params)
+        if kind in ("all_commit", "all_of_commit"):
+            queries = (
+                cast("list[tuple[str, Params]]", rows)
+                if kind == "all_of_commit"
+                else [(name, params)]
+            )
+            cursors = [self._send(query, values) for query, values in queries]
             self._send_begin().execute(b"COMMIT", prepare=False)
             self._committed = True
             # Leaving pipeline mode is the flight's one Sync (a Sync and then
@@ -233,7 +238,8 @@ class _Tx:
             self._begun = True
             self._settling = None
             self._deferred.clear()
-            return cursor.fetchall()
+            found = [each.fetchall() for each in cursors]
+            return found if kind == "all_of_commit" else found[0]
         if kind == "all_of":
             queries = cast("list[tuple[str, Params]]", rows)
             cursors = [self._send(query, values) for query, values in queries]
@@ -369,6 +375,18 @@ class _Tx:
             raise AssertionError("all_committing is the last call of a write")
         rows: list[Row] = self._call("all_commit", name, params)
         return rows
+
+    def all_of_committing(self, queries: Sequence[tuple[str, Params]]) -> list[list[Row]]:
+        """Several reads as a write's last blocks, in the flight of its
+        ``COMMIT`` (as :meth:`all_committing`)."""
+        if not self._write or self._committed:
+            raise AssertionError("all_of_committing is the last call of a write")
+        listed = list(queries)
+        names = " and ".join(dict.fromkeys(name for name, _ in listed))
+        found: list[list[Row]] = self._call(
+            "all_of_commit", names, None, cast("list[Params]", listed)
+        )
+        return found
 
     def send(self, name: str, params: Params | None = None) -> None:
         """Execute a block (with its lock preludes) whose row count the caller

@@ -29,6 +29,7 @@ from dagwerk.store import StoreContractError, TaskAttemptRef
 from dagwerk.topology import RunTopology
 from dagwerk.transitions import check_task_transition
 
+from ._completion_reads import CompletionReads
 from ._recent import RecentOutputs
 from .gateway import Gateway, Params, Row, Tx
 
@@ -145,6 +146,9 @@ class SqlStoreBase:
         # and the tasks the last launches inserted, for the claim ahead.
         self._fresh_frontier: FreshFrontier | None = None
         self._fresh_tasks: FreshTasks | None = None
+        # Each thread's reads made with its completions, for the reconcile
+        # after them (see _completion_reads).
+        self._completion_reads = CompletionReads()
         # Started runs without budget accounts (they never get any later).
         self._unbudgeted: FifoCache[str, bool] = FifoCache()
         # Tasks this process's dequeues crashed by dead-lettering (drained by

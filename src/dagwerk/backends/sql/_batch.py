@@ -476,7 +476,27 @@ class BatchMixin(TasksMixin, QueueMixin, ClaimAheadMixin):
             taken.update(output.id for output in outputs)
             batch.add(index, item, row, prepared, worker_id)
         self._write_completions(tx, batch, outcomes, optimistic=optimistic)
+        if self._completion_reads.active:
+            self._read_ahead(tx, batch)
         return batch.outputs
+
+    def _read_ahead(self, tx: Tx, batch: _CompletionBatch) -> None:
+        """Send, with the commit, what the reconcile after these completions
+        reads next (see _completion_reads): only for one run whose topology
+        is cached and whose launches these completions completed."""
+        completed: dict[str, set[int]] = {}
+        for position, (_, row) in enumerate(batch.results):
+            if batch.tasks[position]["launch_complete"]:
+                completed.setdefault(row["run_id"], set()).add(row["node_index"])
+        if len(completed) != 1:
+            return
+        ((run_id, nodes),) = completed.items()
+        topology = self._topologies.get(run_id)
+        if topology is None:
+            return
+        reads = self._completion_reads
+        plan = reads.plan(run_id, topology, nodes, self.limits)
+        reads.keep(plan, tx.all_of_committing(plan.queries))  # committed when it returns
 
     def _reserved_outputs(
         self,

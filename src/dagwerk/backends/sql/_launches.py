@@ -28,7 +28,8 @@ from dagwerk.models import (
 from dagwerk.store import InvalidStoreValueError
 
 from ._ahead import ClaimAheadMixin
-from ._base import FreshSnapshot, loads_object
+from ._base import FreshFrontier, FreshSnapshot, loads_object
+from ._completion_reads import snapshot_limit
 from ._plans import remember_plan
 from .gateway import Params, Row, Tx
 
@@ -121,14 +122,28 @@ class LaunchesMixin(ClaimAheadMixin):
         per_edge, total_limit, byte_limit = check_snapshot_limits(
             max_outputs_per_edge, max_outputs_total, max_routing_bytes
         )
+        limit = snapshot_limit(per_edge, total_limit)
+        # Read with the completions that made the node ready (see
+        # store_completion_reads): no read transaction at all.
+        read_ahead = (
+            self._completion_reads.take_snapshot(run_id, node_index, source_indices, limit)
+            if self._completion_reads.active and run_id in self._topologies
+            else None
+        )
         with self._gw.read() as tx:
             # A frontier just read needs no run read (once the run's topology
             # is cached: otherwise the run's node definitions are read).
             fresh = self._frontier_now(run_id) if run_id in self._topologies else None
-            ahead = (
-                self._snapshot_ahead(
-                    tx, run_id, node_index, source_indices, min(per_edge, total_limit) + 1
+            if read_ahead is not None:
+                fresh = FreshFrontier(
+                    None,
+                    read_ahead.run,
+                    read_ahead.nodes,
+                    read_ahead.launches,
+                    read_ahead.node_rows,
                 )
+            ahead = (
+                self._snapshot_ahead(tx, run_id, node_index, source_indices, limit)
                 if fresh is None
                 else None
             )
@@ -175,18 +190,15 @@ class LaunchesMixin(ClaimAheadMixin):
                 ):
                     # One output beyond each count limit signals overflow, so
                     # no more than that is ever read.
-                    rows = (
-                        ahead.outputs[source]
-                        if ahead is not None
-                        else tx.all(
+                    if read_ahead is not None:
+                        rows = read_ahead.outputs[source]
+                    elif ahead is not None:
+                        rows = ahead.outputs[source]
+                    else:
+                        rows = tx.all(
                             "outputs_of_node",
-                            {
-                                "run_id": run_id,
-                                "node_index": source,
-                                "limit": min(per_edge, total_limit) + 1,
-                            },
+                            {"run_id": run_id, "node_index": source, "limit": limit},
                         )
-                    )
                     for row in rows:
                         published[row["output_id"]] = source
                         if len(edge) > per_edge or total > total_limit:

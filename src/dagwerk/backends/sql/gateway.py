@@ -73,6 +73,12 @@ class Tx(Protocol):
         same round trip where the backend can); nothing may follow it."""
         ...
 
+    def all_of_committing(self, queries: Sequence[tuple[str, Params]]) -> list[list[Row]]:
+        """Every row of each of a write's last queries, run in order and
+        committed with them (in one round trip where the backend can);
+        nothing may follow them."""
+        ...
+
     def many(self, name: str, rows: Iterable[Params]) -> None:
         """Execute a statement once per parameter set."""
         ...

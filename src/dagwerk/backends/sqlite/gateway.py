@@ -122,6 +122,10 @@ class _Tx:
         """``all``: the transaction commits as it ends, right after."""
         return self.all(name, params)
 
+    def all_of_committing(self, queries: Sequence[tuple[str, Params]]) -> list[list[Row]]:
+        """``all_of``: the transaction commits as it ends, right after."""
+        return self.all_of(queries)
+
     def run(self, name: str, params: Params | None = None) -> int:
         if name in _WAKING:
             self.woke = True
