@@ -34,7 +34,8 @@ def url(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[str]:
 
 @pytest.fixture
 def names(monkeypatch: pytest.MonkeyPatch) -> Counter[str]:
-    """The named statements each gateway ran (PostgreSQL: per call)."""
+    """The named statements each gateway ran (PostgreSQL: per call, each
+    query of a flight of several counted)."""
     seen: Counter[str] = Counter()
     sqlite_execute = sqlite_gateway._Tx._execute
     pg_call = pg_gateway._Tx._call
@@ -44,7 +45,10 @@ def names(monkeypatch: pytest.MonkeyPatch) -> Counter[str]:
         return sqlite_execute(self, name, params)
 
     def on_postgres(self: Any, kind: str, name: str, params: Any, rows: Any = None) -> Any:
-        seen[name] += 1
+        if kind in ("all_of", "all_of_commit"):  # several queries in one flight
+            seen.update(query for query, _ in rows)
+        else:
+            seen[name] += 1
         return pg_call(self, kind, name, params, rows)
 
     monkeypatch.setattr(sqlite_gateway._Tx, "_execute", on_sqlite)

@@ -40,6 +40,7 @@ def transactions(monkeypatch: pytest.MonkeyPatch) -> Counter[str]:
         if id(self) not in sent:
             sent[id(self)] = self
             seen["write" if self._write else "read"] += 1
+        seen[f"call {kind}"] += 1
         return call(self, kind, name, params, rows)
 
     monkeypatch.setattr(pg_gateway._Tx, "_call", on_call)
@@ -61,7 +62,19 @@ def test_a_chains_hop_reads_its_frontier_and_snapshot_with_the_completion(
             assert worker.process_once() == 1
         # Per hop: the status read, the completion (with the next node's
         # frontier and snapshot), the launch (which claims the next task).
-        assert transactions == Counter(read=hops, write=2 * hops), transactions
+        # Calls that wait for the server: the status; the completion's reads,
+        # then its writes with the reads ahead and the COMMIT; the launch's
+        # reads with its look at the queue (its writes go with its COMMIT).
+        assert transactions == Counter(
+            {
+                "read": hops,
+                "write": 2 * hops,
+                "call one": hops,
+                "call all_of": 2 * hops,
+                "call all_of_commit": hops,
+                "call many": 9 * hops,  # writes sent without waiting
+            }
+        ), transactions
         worker.run_until_idle()
         worker.stop()
         assert engine.store.get_run_status(run_id) is RunStatus.COMPLETED
@@ -129,10 +142,10 @@ def test_the_reads_ahead_answer_as_reads_of_their_own_and_only_once(
             transactions.clear()
             ahead = ours.get_run_frontier(run_id, [0, 1, 2, 3])
             snapshot_ahead = ours.get_planning_snapshot(run_id, 3, {"b": 1}, **snapshot_args)
-            assert transactions == Counter(), transactions  # neither read on its own
+            assert +transactions == Counter(), transactions  # neither read on its own
             again = ours.get_run_frontier(run_id, [0, 1, 2, 3])
             snapshot_again = ours.get_planning_snapshot(run_id, 3, {"b": 1}, **snapshot_args)
-            assert transactions == Counter(read=2), transactions  # once each
+            assert transactions["read"] == 2, transactions  # once each
         assert ahead is not None
         assert ahead == again == ours.get_run_frontier(run_id, [0, 1, 2, 3])
         assert sorted(i for i, launch in ahead.launches.items() if launch.complete) == [0, 1]

@@ -37,7 +37,7 @@ from dagwerk.store import LeasedDelivery
 
 from ._base import SqlStoreBase, queued_task_row
 from ._queue import RowFilter
-from .gateway import Tx
+from .gateway import Params, Row, Tx
 
 __all__ = ["OUTSIDE_UNITS", "ClaimAheadMixin", "ClaimIntent", "Preclaimed"]
 
@@ -134,13 +134,24 @@ class ClaimAheadMixin(SqlStoreBase):
             return None
         return intent
 
-    def _preclaim(
+    def _preclaim_look(self, count: int, now: float) -> tuple[str, Params] | None:
+        """The look at the queue :meth:`_preclaim` makes for a launch of
+        ``count`` tasks, for a caller that sends it ahead with other reads in
+        the launch's transaction; ``None`` when the claim ahead would not look."""
+        intent = self._intent_now()
+        if intent is None or intent.crowded or not 0 < count <= intent.room:
+            return None
+        params = {**intent.wanted.params(None), "now": now, "limit": intent.room}
+        return ("queue_candidates", params)
+
+    def _preclaim(  # noqa: PLR0917 (private helper)
         self,
         tx: Tx,
         rows: list[dict[str, object]],
         route: tuple[str, int],
         now: float,
         plugin: str,
+        looked: list[Row] | None = None,
     ) -> bool:
         """Whether the unit's claim ahead takes a launch's new task ``rows``
         (all routed to ``route``, queue and priority, of a node of ``plugin``)
@@ -149,7 +160,9 @@ class ClaimAheadMixin(SqlStoreBase):
         take besides (``status``, ``worker_id``, ``started_at``, ``expires``)
         and its route;
         the caller inserts them with those and hands them to
-        :meth:`_remember_preclaimed` once the launch's write has ended."""
+        :meth:`_remember_preclaimed` once the launch's write has ended.
+        ``looked``: the rows of :meth:`_preclaim_look`, read earlier in the
+        launch's transaction (else the look is made here)."""
         intent = self._intent_now()
         if intent is None or intent.crowded or not rows or len(rows) > intent.room:
             return False
@@ -160,9 +173,13 @@ class ClaimAheadMixin(SqlStoreBase):
             return False
         # Every row available now, up to the room left, is the claim's too:
         # with room for all of them and the new rows, none is passed over.
-        others = tx.all(
-            "queue_candidates",
-            {**intent.wanted.params(None), "now": now, "limit": intent.room},
+        others = (
+            looked
+            if looked is not None
+            else tx.all(
+                "queue_candidates",
+                {**intent.wanted.params(None), "now": now, "limit": intent.room},
+            )
         )
         if len(others) + len(rows) > intent.room:
             # Once available rows fill the room, no later launch of the unit

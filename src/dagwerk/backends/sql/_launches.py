@@ -55,6 +55,7 @@ class _LaunchReads(NamedTuple):
     nodes: list[Row]
     existing: list[Row]
     published: dict[str, int]
+    others: list[Row] | None  # the claim ahead's look at the queue, if made
 
 
 class LaunchesMixin(ClaimAheadMixin):
@@ -327,7 +328,7 @@ class LaunchesMixin(ClaimAheadMixin):
             if ahead is None:
                 run = self._run_head(tx, run_id)
             else:
-                run, nodes, existing_rows, published = ahead
+                run, nodes, existing_rows, published, _ = ahead
                 if run is not None and run["status"] == RunStatus.RUNNING.value:
                     token, generation = self._token_and_generation(tx, run, node_index, nodes=nodes)
         if run is None or run["status"] != RunStatus.RUNNING.value:
@@ -395,6 +396,7 @@ class LaunchesMixin(ClaimAheadMixin):
             # Where writes are sent without waiting (PostgreSQL), the rows go
             # in slices: the server inserts one while the next is built.
             step = _SLICE if self._gw.pipelines_writes else len(plans)
+            looked = None if ahead is None else ahead.others
             for start in range(0, len(plans), step):
                 part = [
                     {
@@ -412,7 +414,7 @@ class LaunchesMixin(ClaimAheadMixin):
                 ]
                 rows.extend(part)
                 if len(part) == len(plans) and self._preclaim(
-                    tx, part, (queue, priority), now, plugin_name
+                    tx, part, (queue, priority), now, plugin_name, looked
                 ):
                     # Taken by the unit's claim ahead as they are written.
                     tx.many("task_insert_claimed", part)
@@ -468,9 +470,18 @@ class LaunchesMixin(ClaimAheadMixin):
         ]
         if wanted:
             queries.append(("outputs_valid_by_ids", {"run_id": run_id, "ids": json.dumps(wanted)}))
+        look = self._preclaim_look(len(plans), self._now())
+        if look is not None:
+            queries.append(look)
         found = tx.all_of(queries)
         published = {row["output_id"]: row["node_index"] for row in found[3]} if wanted else {}
-        return _LaunchReads(found[0][0] if found[0] else None, found[1], found[2], published)
+        return _LaunchReads(
+            found[0][0] if found[0] else None,
+            found[1],
+            found[2],
+            published,
+            found[-1] if look is not None else None,
+        )
 
     def _validate_plans(
         self,
