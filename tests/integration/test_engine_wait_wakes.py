@@ -1,5 +1,6 @@
-"""``Engine.wait`` on a SQLite file reads the run again as soon as another
-process may have committed (``ChangeWaitStore``), not only every
+"""``Engine.wait`` reads the run again as soon as the store says it may have
+changed (``ChangeWaitStore``: on a SQLite file another process's commit, on
+PostgreSQL the notification of a run's end), not only every
 ``poll_interval``: a client with a 30 s poll still sees a run a worker
 process ended within moments."""
 
@@ -9,7 +10,10 @@ import os
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
+
+import pytest
 
 from dagwerk import DagNode, Engine, RunStatus
 
@@ -24,11 +28,20 @@ def ping(inputs, ctx):
 POLL = 30.0
 
 
+@pytest.fixture(params=["sqlite", "postgres"])
+def url(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[str]:
+    if request.param == "sqlite":
+        yield f"sqlite:///{tmp_path / 'db.sqlite'}"
+        return
+    base: str = request.getfixturevalue("postgres_url")
+    schema: str = request.getfixturevalue("pg_schema")
+    yield f"{base}{'&' if '?' in base else '?'}schema={schema}"
+
+
 def test_wait_sees_another_processs_end_of_the_run_long_before_its_poll(
-    tmp_path: Path,
+    url: str, tmp_path: Path
 ) -> None:
     (tmp_path / "ping_plugins.py").write_text(PLUGIN)
-    url = f"sqlite:///{tmp_path / 'db.sqlite'}"
     with Engine(url, execution_root=tmp_path, poll_interval=POLL) as client:
         assert client.capabilities.changes is not None
         run_id = client.submit([DagNode(slug="p", plugin="ping")])

@@ -172,7 +172,7 @@ def test_migrations_reproduce_schema_sql(postgres_url: str, schemas: Callable[[]
         assert by_migrations[key] == rows, key
     assert len(by_schema_sql["columns"]) > 100
     assert len(by_schema_sql["indexes"]) > 15
-    assert len(by_schema_sql["triggers"]) == 2
+    assert len(by_schema_sql["triggers"]) == 3
 
 
 def test_migrations_are_numbered_and_recorded_once(

@@ -50,6 +50,7 @@ __all__ = [
     "NOTIFY_CHANNEL",
     "QUERIES",
     "QUERIES_PATH",
+    "RUNS_CHANNEL",
     "SET_WRITES",
     "PostgresGateway",
     "PostgresTx",
@@ -58,6 +59,7 @@ __all__ = [
 ]
 
 NOTIFY_CHANNEL = "dagwerk_work"
+RUNS_CHANNEL = "dagwerk_runs"
 
 QUERIES_PATH = Path(__file__).with_name("queries.sql")
 
@@ -540,9 +542,8 @@ class PostgresGateway(Gateway):
         )
         # Notifications carry the schema of the queue that changed.
         self.notify_payload: str | None = schema
-        self._listener: Conn | None = None
-        self._listener_pid = 0
-        self._listener_lock = threading.Lock()
+        self._work = _Listener(self, NOTIFY_CHANNEL)
+        self._runs = _Listener(self, RUNS_CHANNEL)
 
     # -- connections ------------------------------------------------------------------
 
@@ -603,7 +604,7 @@ class PostgresGateway(Gateway):
         except psycopg.Error as exc:
             raise conn_tx.error(exc, "migration failed") from exc
 
-    # -- waking idle workers --------------------------------------------------------------
+    # -- waking idle workers and waiting clients --------------------------------------
 
     def wait_for_work(self, timeout: float, since: int | None = None) -> bool:
         """Block until a queue row of this schema may have become available, at
@@ -622,40 +623,69 @@ class PostgresGateway(Gateway):
         out their timeout on the lock.
         """
         del since
-        if not self._listener_lock.acquire(timeout=max(0.0, timeout)):
+        return self._work.wait(timeout)
+
+    def wait_for_run_end(self, timeout: float) -> bool:
+        """Block until a run of this schema may have ended (its status became
+        terminal), at most ``timeout`` seconds; True if woken by a
+        notification. As :meth:`wait_for_work`, on channel
+        :data:`RUNS_CHANNEL` and its own connection, opened by the first call
+        (which returns True at once)."""
+        return self._runs.wait(timeout)
+
+    def close(self) -> None:
+        self._work.close()
+        self._runs.close()
+        self.connections.close()
+
+
+class _Listener:
+    """One connection that LISTENs on ``channel`` for this gateway's schema,
+    opened by the first wait of this process and kept."""
+
+    def __init__(self, gateway: PostgresGateway, channel: str) -> None:
+        self._gateway = gateway
+        self._channel = channel
+        self._conn: Conn | None = None
+        self._pid = 0
+        self._lock = threading.Lock()
+
+    def wait(self, timeout: float) -> bool:
+        if not self._lock.acquire(timeout=max(0.0, timeout)):
             return False
         try:
             return self._wait_locked(timeout)
         finally:
-            self._listener_lock.release()
+            self._lock.release()
 
     def _wait_locked(self, timeout: float) -> bool:
-        listener = self._listener
-        if listener is None or listener.closed or self._listener_pid != os.getpid():
-            self._listener = None
+        listener = self._conn
+        if listener is None or listener.closed or self._pid != os.getpid():
+            self._conn = None
             try:
-                listener = self.connect(time.monotonic() + max(0.0, timeout))
+                listener = self._gateway.connect(time.monotonic() + max(0.0, timeout))
             except StoreCannotOpenError:
                 raise
             except StoreUnavailableError:
                 # The server stayed out of reach for the whole wait: say
-                # "maybe work", so the caller looks (and its own call
-                # reports the fault).
+                # "maybe", so the caller looks (and its own call reports
+                # the fault).
                 return True
             try:
-                listener.execute(f"LISTEN {NOTIFY_CHANNEL}")
+                listener.execute(f"LISTEN {self._channel}")
             except psycopg.Error as exc:
                 with suppress(psycopg.Error):
                     listener.close()
-                raise translate_error(exc, "cannot listen for work") from exc
-            self._listener, self._listener_pid = listener, os.getpid()
+                raise translate_error(exc, f"cannot listen on {self._channel}") from exc
+            self._conn, self._pid = listener, os.getpid()
             return True
         deadline = time.monotonic() + max(0.0, timeout)
+        payload = self._gateway.notify_payload
         try:
             while True:
                 # What has arrived, without waiting.
                 for notify in listener.notifies(timeout=0.0):
-                    if notify.payload == self.notify_payload:
+                    if notify.payload == payload:
                         return True
                 remaining = deadline - time.monotonic()
                 if remaining <= 0:
@@ -667,22 +697,21 @@ class PostgresGateway(Gateway):
                 _readable(listener.fileno(), remaining)
         except psycopg.Error as exc:
             # A lost listener is reopened by the next call; meanwhile say
-            # "maybe work", so the caller looks instead of sleeping.
-            self._close_listener()
+            # "maybe", so the caller looks instead of sleeping.
+            self._close()
             if is_connection_error(exc, listener):
                 return True
-            raise translate_error(exc, "waiting for work failed") from exc
+            raise translate_error(exc, f"waiting on {self._channel} failed") from exc
 
-    def _close_listener(self) -> None:
-        listener, self._listener = self._listener, None
-        if listener is not None and self._listener_pid == os.getpid():
+    def _close(self) -> None:
+        listener, self._conn = self._conn, None
+        if listener is not None and self._pid == os.getpid():
             with suppress(psycopg.Error):
                 listener.close()
 
     def close(self) -> None:
-        with self._listener_lock:
-            self._close_listener()
-        self.connections.close()
+        with self._lock:
+            self._close()
 
 
 def _readable(fd: int, timeout: float) -> None:

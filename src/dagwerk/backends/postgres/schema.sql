@@ -207,6 +207,23 @@ CREATE TRIGGER dagwerk_deliveries_released
     FOR EACH ROW WHEN (OLD.lease_owner IS NOT NULL AND NEW.lease_owner IS NULL)
     EXECUTE FUNCTION dagwerk_notify_work();
 
+-- Clients waiting for runs (Engine.wait) LISTEN on channel dagwerk_runs: the
+-- update that makes a run's status terminal notifies it, with the schema as
+-- payload.
+CREATE FUNCTION dagwerk_notify_run_end() RETURNS trigger LANGUAGE plpgsql AS $$
+BEGIN
+    PERFORM pg_notify('dagwerk_runs', TG_TABLE_SCHEMA);
+    RETURN NULL;
+END;
+$$;
+CREATE TRIGGER dagwerk_runs_ended
+    AFTER UPDATE OF status ON dagwerk_runs
+    FOR EACH ROW WHEN (
+        OLD.status IS DISTINCT FROM NEW.status
+        AND NEW.status IN ('completed', 'failed', 'crashed', 'cancelled')
+    )
+    EXECUTE FUNCTION dagwerk_notify_run_end();
+
 CREATE TABLE dagwerk_run_links (
     run_id TEXT PRIMARY KEY REFERENCES dagwerk_runs (run_id),
     -- No foreign keys to the ancestors: an ancestor with no stored run is

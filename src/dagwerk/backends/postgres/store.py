@@ -187,6 +187,15 @@ class PostgresStore(SqlStore):
         does this between attempts). See :meth:`PostgresGateway.wait_for_work`."""
         return self._pg.wait_for_work(timeout)
 
+    def wait_for_change(self, timeout: float) -> None:
+        """Until a run of this schema may have ended, at most ``timeout``
+        seconds (:class:`~dagwerk.store_changes.ChangeWaitStore`; ``LISTEN``
+        on its own connection, which the first call opens)."""
+        end = time.monotonic() + max(0.0, timeout)
+        while (remaining := end - time.monotonic()) > 0:
+            if self._pg.wait_for_run_end(remaining):
+                return
+
     # -- lifetime -------------------------------------------------------------------------
 
     def close(self) -> None:

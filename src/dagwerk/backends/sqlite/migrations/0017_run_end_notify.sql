@@ -1,0 +1,6 @@
+-- dagwerk SQLite schema, version 17: no change.
+--
+-- On PostgreSQL version 17 makes a run whose status becomes terminal notify
+-- the clients waiting for runs. A SQLite client wakes on any commit to the
+-- database's log instead. Both backends keep the same migration numbers, so
+-- this version exists here and changes nothing.
