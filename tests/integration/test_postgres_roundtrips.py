@@ -359,10 +359,26 @@ def test_a_large_launch_sends_its_rows_in_slices_without_waiting_for_them(
         assert_queued_tasks_deliverable(store, "run-1")
 
     outputs = emit(*(f"out-{n}" for n in range(600)), k=1)
-    trips, made = _launch_recorded(proxy, schema, monkeypatch, outputs, launched)
-    inserts = [name for _, name in made if name in ("task_insert", "delivery_insert")]
-    assert inserts == ["task_insert", "delivery_insert"] * 3, made
-    assert trips == [len(_waited(made)) + 1], made
+    # The proxy counts a round trip whenever the server's answer to a slice
+    # comes back before the client sent the next one; a client slowed down
+    # by a loaded machine can make that happen without waiting for it, so
+    # the count can only come out too high. A launch that waited would be
+    # too high every time: up to three launches, each in a schema of its own.
+    extra: list[int] = []
+    for attempt in range(3):
+        name = f"{schema}_{attempt}"
+        try:
+            trips, made = _launch_recorded(proxy, name, monkeypatch, outputs, launched)
+        finally:
+            monkeypatch.undo()
+            with _admin(proxy.url, "public") as conn:
+                conn.execute(f'DROP SCHEMA IF EXISTS "{name}" CASCADE')
+        inserts = [name for _, name in made if name in ("task_insert", "delivery_insert")]
+        assert inserts == ["task_insert", "delivery_insert"] * 3, made
+        extra.append(trips[0] - (len(_waited(made)) + 1))
+        if extra[-1] == 0:
+            break
+    assert 0 in extra, extra
 
 
 def test_the_reconcile_after_a_chain_step_costs_four_round_trips(

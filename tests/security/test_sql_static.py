@@ -32,7 +32,9 @@ ALLOWED: dict[tuple[str, str], str] = {
         "postgres/gateway.py",
         "sql.encode('utf-8')",
     ): "a migration file of the package, run by script()",
-    ("postgres/gateway.py", "f'LISTEN {NOTIFY_CHANNEL}'"): "a module constant channel name",
+    ("postgres/gateway.py", "f'LISTEN {self._channel}'"): (
+        "one of the module's constant channel names (_Listener refuses any other)"
+    ),
     ("sqlite/gateway.py", "begin"): "BEGIN IMMEDIATE or BEGIN, literals of write()/read()",
     ("sqlite/gateway.py", "buffer"): "a statement of a migration file of the package",
     ("sqlite/gateway.py", "f'PRAGMA busy_timeout = {int(self.busy_timeout * 1000)}'"): (

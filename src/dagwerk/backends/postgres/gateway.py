@@ -644,6 +644,8 @@ class _Listener:
     opened by the first wait of this process and kept."""
 
     def __init__(self, gateway: PostgresGateway, channel: str) -> None:
+        if channel not in (NOTIFY_CHANNEL, RUNS_CHANNEL):
+            raise ValueError(f"unknown channel {channel!r}")  # it becomes SQL text
         self._gateway = gateway
         self._channel = channel
         self._conn: Conn | None = None
