@@ -175,8 +175,9 @@ class Engine(ScheduleMethods, ViewMethods):
     go to the store (``limits``, ``max_deliveries``, ...). ``execution_root``
     is where plugins run (default: the current directory, made absolute);
     ``poll_interval`` is how often ``wait`` reads the run (on a SQLite file
-    it reads again as soon as a commit may have changed it, at most every
-    ``MIN_READ_GAP``) and how long an idle in-process worker sleeps at most.
+    it reads again as soon as a commit may have changed it, on PostgreSQL as
+    soon as a run of its schema ends, at most every ``MIN_READ_GAP``) and
+    how long an idle in-process worker sleeps at most.
     ``backstop_interval`` is the seconds between the gated-dispatch backstop
     passes of the workers this engine builds, ``run`` included (default 30;
     ``None`` or 0 disables them).
