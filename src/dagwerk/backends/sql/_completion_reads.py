@@ -149,13 +149,15 @@ class CompletionReads:
         runs = self._runs()
         ahead = None if runs is None else runs.get(run_id)
         if (
-            ahead is None
+            runs is None
+            or ahead is None
             or not ahead.frontier_left
             or (count_complete and not ahead.counted)
             or not ahead.nodes.issuperset(nodes)
         ):
             return None
         ahead.frontier_left = False
+        self._drop_if_spent(runs, run_id, ahead)
         run = {key: ahead.run[key] for key in _RUN_COLUMNS}
         run["complete_nodes"] = ahead.run["complete_nodes"] if count_complete else None
         return run, [ahead.node_rows[i] for i in nodes]
@@ -168,7 +170,8 @@ class CompletionReads:
         runs = self._runs()
         ahead = None if runs is None else runs.get(run_id)
         if (
-            ahead is None
+            runs is None
+            or ahead is None
             or node_index not in ahead.children
             or ahead.limit != limit
             or not set(sources.values()) <= ahead.outputs.keys()
@@ -176,4 +179,12 @@ class CompletionReads:
         ):
             return None
         ahead.children.discard(node_index)
+        self._drop_if_spent(runs, run_id, ahead)
         return ahead
+
+    @staticmethod
+    def _drop_if_spent(runs: dict[str, AheadReads], run_id: str, ahead: AheadReads) -> None:
+        # Once nothing more can answer from them, the rows (a large node's
+        # outputs, say) go with the caller's last use, not with the block.
+        if not ahead.frontier_left and not ahead.children:
+            del runs[run_id]
