@@ -6,6 +6,7 @@ import os
 import uuid
 from collections import Counter
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 
@@ -26,6 +27,19 @@ def postgres_url() -> str:
         pytest.fail(f"{POSTGRES_ENV} is not set in CI: the PostgreSQL server did not start")
     hint = f"export {POSTGRES_ENV}=$(bash .ci/postgres.sh start /tmp/pg)"
     pytest.skip(f"{POSTGRES_ENV} is not set (start a server: {hint})")
+
+
+@pytest.fixture(params=["sqlite", "postgres"])
+def database_url(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[str]:
+    """A fresh database of each backend that several processes can share: a
+    SQLite file, or a new schema on the test PostgreSQL server."""
+    if request.param == "sqlite":
+        yield f"sqlite:///{tmp_path / 'db.sqlite'}"
+        return
+    from dagwerk.testing.postgres import fresh_schema_url
+
+    with fresh_schema_url(request.getfixturevalue("postgres_url")) as url:
+        yield url
 
 
 @pytest.fixture

@@ -6,7 +6,6 @@ PostgreSQL, through ``Engine``)."""
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -22,14 +21,9 @@ STEPS = 6
 LEASES = {"queue_lease", "queue_lease_next"}
 
 
-@pytest.fixture(params=["sqlite", "postgres"])
-def url(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[str]:
-    if request.param == "sqlite":
-        yield f"sqlite:///{tmp_path / 'db.sqlite'}"
-        return
-    base: str = request.getfixturevalue("postgres_url")
-    schema: str = request.getfixturevalue("pg_schema")
-    yield f"{base}{'&' if '?' in base else '?'}schema={schema}"
+@pytest.fixture
+def url(database_url: str) -> str:
+    return database_url
 
 
 @pytest.fixture

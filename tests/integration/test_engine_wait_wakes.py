@@ -10,7 +10,6 @@ import os
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -28,14 +27,9 @@ def ping(inputs, ctx):
 POLL = 30.0
 
 
-@pytest.fixture(params=["sqlite", "postgres"])
-def url(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[str]:
-    if request.param == "sqlite":
-        yield f"sqlite:///{tmp_path / 'db.sqlite'}"
-        return
-    base: str = request.getfixturevalue("postgres_url")
-    schema: str = request.getfixturevalue("pg_schema")
-    yield f"{base}{'&' if '?' in base else '?'}schema={schema}"
+@pytest.fixture
+def url(database_url: str) -> str:
+    return database_url
 
 
 def test_wait_sees_another_processs_end_of_the_run_long_before_its_poll(
