@@ -95,17 +95,13 @@ def _advance_children(  # noqa: PLR0917 (private helper)
 ) -> bool:
     """Launch the ready children of ``completed``; False when the full
     reconcile must decide instead."""
-    children = sorted({kid for index in completed for kid in topology.children[index]})
-    wanted = set(children)
-    for kid in children:
-        wanted.update(topology.dependencies[kid])
     # Only a completed leaf can have completed the run: a completed node's
     # child without a complete launch proves the run unfinished for free.
-    leaf = any(not topology.children[index] for index in completed)
-    frontier = frontier_store.get_run_frontier(run_id, sorted(wanted), count_complete=leaf)
+    children, wanted, leaf = topology.neighbourhood(completed)
+    frontier = frontier_store.get_run_frontier(run_id, wanted, count_complete=leaf)
     if frontier is None:
         return True  # no run: the full reconcile would do nothing either
-    launches = _checked_launches(frontier, run_id, wanted, len(topology.nodes))
+    launches = _checked_launches(frontier, run_id, set(wanted), len(topology.nodes))
     if frontier.status is not RunStatus.RUNNING:
         return True
     if frontier.has_failure:

@@ -79,6 +79,18 @@ class RunTopology:
         node = self.nodes[node_index]
         return MappingProxyType({edge.name: self.slug_to_index[edge.source] for edge in node.edges})
 
+    def neighbourhood(self, completed: Iterable[int]) -> tuple[list[int], list[int], bool]:
+        """After the launches of the ``completed`` nodes completed: their
+        children, the nodes a reconcile of them reads (the children and every
+        parent of theirs), both ascending, and whether a completed node is a
+        leaf (only then can the run have completed)."""
+        done = set(completed)
+        children = sorted({kid for index in done for kid in self.children[index]})
+        wanted = set(children)
+        for kid in children:
+            wanted.update(self.dependencies[kid])
+        return children, sorted(wanted), any(not self.children[index] for index in done)
+
     def ready_nodes(self, completed: AbstractSet[int], launched: AbstractSet[int]) -> list[int]:
         """Unlaunched nodes whose parents have all completed (see ``find_ready_nodes``)."""
         return find_ready_nodes(self.dependencies, completed, launched)

@@ -141,8 +141,7 @@ class ClaimAheadMixin(SqlStoreBase):
         intent = self._intent_now()
         if intent is None or intent.crowded or not 0 < count <= intent.room:
             return None
-        params = {**intent.wanted.params(None), "now": now, "limit": intent.room}
-        return ("queue_candidates", params)
+        return _look(intent, now)
 
     def _preclaim(  # noqa: PLR0917 (private helper)
         self,
@@ -176,10 +175,7 @@ class ClaimAheadMixin(SqlStoreBase):
         others = (
             looked
             if looked is not None
-            else tx.all(
-                "queue_candidates",
-                {**intent.wanted.params(None), "now": now, "limit": intent.room},
-            )
+            else tx.all(*_look(intent, now))
         )
         if len(others) + len(rows) > intent.room:
             # Once available rows fill the room, no later launch of the unit
@@ -271,3 +267,9 @@ class Preclaimed:
     settled: bool = False
     """Besides them nothing was available when the last of them was claimed,
     and nothing was written since: the claim takes nothing else."""
+
+
+def _look(intent: ClaimIntent, now: float) -> tuple[str, Params]:
+    """The claim ahead's look at what else is available: every row it could
+    take, up to the room it has left."""
+    return ("queue_candidates", {**intent.wanted.params(None), "now": now, "limit": intent.room})

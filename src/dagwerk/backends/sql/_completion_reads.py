@@ -104,20 +104,17 @@ class CompletionReads:
         limits: Limits,
     ) -> ReadsPlan:
         """The reads to send for ``completed`` (nodes whose launch just completed)."""
-        done = sorted(set(completed))
-        children = sorted({kid for index in done for kid in topology.children[index]})
-        wanted = set(children)
-        for kid in children:
-            wanted.update(topology.dependencies[kid])
-        counted = any(not topology.children[index] for index in done)
-        served = {kid for kid in children if set(topology.dependencies[kid]) <= set(done)}
+        done = set(completed)
+        # What the reconcile after them asks for (dagwerk.frontier).
+        children, wanted, counted = topology.neighbourhood(done)
+        served = {kid for kid in children if set(topology.dependencies[kid]) <= done}
         sources = sorted({source for kid in served for source in topology.dependencies[kid]})
         limit = snapshot_limit(
             limits.max_snapshot_outputs_per_edge, limits.max_snapshot_outputs_per_node
         )
         queries: list[tuple[str, Params]] = [
             ("run_frontier", {"run_id": run_id, "count": 1 if counted else 0}),
-            ("frontier_of_nodes", {"run_id": run_id, "nodes": json.dumps(sorted(wanted))}),
+            ("frontier_of_nodes", {"run_id": run_id, "nodes": json.dumps(wanted)}),
             *(
                 ("outputs_of_node", {"run_id": run_id, "node_index": i, "limit": limit})
                 for i in sources
