@@ -212,3 +212,14 @@ def test_the_reconnect_timeout_can_come_with_the_url() -> None:
         assert caught.value.field == "reconnect_timeout"
     with pytest.raises(InvalidStoreValueError, match="differ"):
         PostgresStore("postgresql://127.0.0.1:1/none?reconnect_timeout=2", reconnect_timeout=3)
+
+
+def test_the_open_timeout_bounds_the_wait_to_open() -> None:
+    begun = time.monotonic()
+    with pytest.raises(StoreUnavailableError, match=r"\(tried for 0\.5s\)"):
+        PostgresStore("postgresql://nobody@127.0.0.1:1/none", open_timeout=0.5)
+    assert time.monotonic() - begun < BOUND
+    for wrong in (0, -1, "soon", 86401, True):
+        with pytest.raises(InvalidStoreValueError) as caught:
+            PostgresStore("postgresql://nobody@127.0.0.1:1/none", open_timeout=wrong)  # type: ignore[arg-type]
+        assert caught.value.field == "open_timeout"

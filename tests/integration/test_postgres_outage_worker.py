@@ -109,3 +109,68 @@ def test_a_worker_waits_out_a_stopped_server_and_settles_every_task_once(
         assert any("answers again" in line for line in lines), stderr
     assert_fan_settled_once(store, RUN_ID, ledger, HOLDS, stderr)
     store.close()
+
+
+# The default reconnect timeout, which one call to open the store waited.
+RECONNECT_TIMEOUT = 30.0
+
+
+def _fault_lines(worker: WorkerProcess, cluster: Cluster) -> list[str]:
+    where = f"PostgreSQL at 127.0.0.1:{cluster.port}"
+    return [line for line in worker.stderr().splitlines() if where in line]
+
+
+def test_a_worker_started_while_the_server_is_down_says_so_at_once_and_serves_once_it_is_up(
+    cluster: Cluster, tmp_path: Path
+) -> None:
+    ledger, logs = tmp_path / "ledger", tmp_path / "logs"
+    ledger.mkdir()
+    logs.mkdir()
+    open_store(cluster.url).close()  # the schema exists; the worker only opens it
+    cluster.stop()
+    started = time.monotonic()
+    worker = WorkerProcess(cluster.url, ledger, logs, "w0")
+    try:
+        until(lambda: bool(_fault_lines(worker, cluster)), 60, "the fault line")
+        # Before the store's reconnect timeout: the line does not wait for it.
+        assert time.monotonic() - started < RECONNECT_TIMEOUT / 2, worker.stderr()
+        assert worker.worker_id is None  # not serving yet
+        cluster.start()
+        until(lambda: worker.worker_id is not None, 60, "the worker serving")
+        store = open_store(cluster.url)
+        try:
+            assert store.create_run(RUN_ID, fan_nodes(), run_input={"count": 3})
+            start_run(store, RUN_ID, callbacks=OrchestratorCallbacks(_noop, _noop, _noop, _noop))
+            until(lambda: store.get_run_status(RUN_ID) in RUN_TERMINAL_STATUSES, 60, "the run")
+            assert store.get_run_status(RUN_ID) == "completed"
+        finally:
+            store.close()
+        code = worker.terminate()
+    finally:
+        worker.kill()
+    stderr = worker.stderr()
+    assert code == 0, stderr
+    assert "Traceback" not in stderr
+    faults = _fault_lines(worker, cluster)
+    assert len(faults) == 1, stderr
+    assert "start the server" in faults[0], faults
+    assert any("answers again" in line for line in stderr.splitlines()), stderr
+
+
+def test_sigterm_while_the_worker_waits_for_the_server_exits_0_at_once(
+    cluster: Cluster, tmp_path: Path
+) -> None:
+    ledger, logs = tmp_path / "ledger", tmp_path / "logs"
+    ledger.mkdir()
+    logs.mkdir()
+    cluster.stop()
+    worker = WorkerProcess(cluster.url, ledger, logs, "w0")
+    try:
+        until(lambda: bool(_fault_lines(worker, cluster)), 60, "the fault line")
+        code = worker.terminate(timeout=15)
+    finally:
+        worker.kill()
+    stderr = worker.stderr()
+    assert code == 0, stderr
+    assert "Traceback" not in stderr
+    assert "stopped before the database opened" in stderr, stderr

@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import logging
 import sys
+import threading
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from datetime import UTC, datetime
@@ -27,6 +28,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "DEFAULT_DB",
+    "OPEN_TIMEOUT",
     "db_option",
     "debug_option",
     "debugging",
@@ -197,12 +199,18 @@ def json_option(fn: F) -> F:
     )(fn)
 
 
+OPEN_TIMEOUT = 1.0
+"""Seconds one attempt of a waiting :func:`open_engine` tries to reach a
+PostgreSQL server."""
+
+
 def open_engine(
     db: str,
     *,
     create: bool = True,
     wait_out_faults: bool = False,
     fail_on_fault: float | None = None,
+    stop: threading.Event | None = None,
 ) -> Engine:
     """An engine on ``db`` (in the ``--schema`` of the current command, if
     given); a bad URL is invalid input (exit 2).
@@ -213,12 +221,15 @@ def open_engine(
 
     ``wait_out_faults``: a transient store fault of the opening (a server
     that does not answer, a read-only directory) is waited out as a worker
-    waits out a fault, for at most ``fail_on_fault`` seconds when given."""
-    from dagwerk.engine import Engine
+    waits out a fault, for at most ``fail_on_fault`` seconds when given, and
+    until ``stop`` is set (then the fault is raised). A PostgreSQL server that
+    does not answer is then tried for :data:`OPEN_TIMEOUT` per attempt, so the
+    gate says so at once rather than after the store's reconnect timeout."""
+    from dagwerk.engine import Engine, is_postgres_url
 
     ctx = click.get_current_context(silent=True)
     schema = ctx.meta.get(_SCHEMA_KEY) if ctx is not None else None
-    if schema is not None and not db.startswith(("postgresql:", "postgres:")):
+    if schema is not None and not is_postgres_url(db):
         raise InvalidInputError("--schema applies to postgresql:// databases only")
     if not create and db.startswith("sqlite:"):
         from dagwerk.backends.sqlite import sqlite_path
@@ -231,14 +242,16 @@ def open_engine(
                 "check --db or DAGWERK_DB"
             )
 
-    def engine() -> Engine:
-        return Engine(db) if schema is None else Engine(db, schema=schema)
-
+    options: dict[str, Any] = {} if schema is None else {"schema": schema}
     if not wait_out_faults:
-        return engine()
+        return Engine(db, **options)
     from dagwerk.runtime.faults import FaultGate
 
-    return FaultGate().wait_out(engine, "opening the database", limit=fail_on_fault)
+    if is_postgres_url(db):
+        options["open_timeout"] = OPEN_TIMEOUT
+    return FaultGate().wait_out(
+        lambda: Engine(db, **options), "opening the database", limit=fail_on_fault, stop=stop
+    )
 
 
 def parse_json_argument(text: str, what: str) -> object:

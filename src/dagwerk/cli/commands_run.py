@@ -6,7 +6,8 @@ import shlex
 import signal
 import sys
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from types import FrameType
 from typing import TYPE_CHECKING
@@ -385,6 +386,22 @@ def submit(
         click.echo(new_id)
 
 
+@contextmanager
+def _stopping_on_signals(stop: threading.Event) -> Iterator[None]:
+    """SIGINT and SIGTERM set ``stop`` inside the block (their handlers are
+    put back after it)."""
+
+    def request_stop(signum: int, frame: FrameType | None) -> None:
+        stop.set()
+
+    previous = {sig: signal.signal(sig, request_stop) for sig in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        yield
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+
+
 @click.command()
 @db_option
 @click.option("--concurrency", default=4, show_default=True, type=click.IntRange(1, 1024))
@@ -516,7 +533,16 @@ def worker(
     retention_age = None if retention is None else age_seconds(retention, "--retention")
     loaded: list[Pipeline] = []
     click.get_current_context().with_resource(task_logging(log_level))
-    with open_engine(db, wait_out_faults=True) as engine:
+    stop = threading.Event()
+    with _stopping_on_signals(stop):
+        try:
+            engine = open_engine(db, wait_out_faults=True, stop=stop)
+        except Exception:
+            if not stop.is_set():
+                raise
+            click.echo("worker: stopped before the database opened", err=True)
+            return
+    with engine:
         for pipeline_file in pipelines:
             pipeline = load_pipeline(pipeline_file)
             engine.load_plugins(pipeline.plugins, base_dir=Path(pipeline.source).parent)
@@ -562,32 +588,23 @@ def worker(
                 err=True,
             )
             return
-        stop = threading.Event()
-
-        def request_stop(signum: int, frame: FrameType | None) -> None:
-            stop.set()
-
-        previous = {
-            sig: signal.signal(sig, request_stop) for sig in (signal.SIGINT, signal.SIGTERM)
-        }
         try:
-            click.echo(
-                f"worker {serving.worker_id} serving {db} "
-                f"(concurrency {concurrency}, {executor}); Ctrl-C to stop",
-                err=True,
-            )
-            # A fatal fault is said here, as the command's error.
-            serving.faults.report_fatal = False
-            serving.start()
-            while not stop.wait(0.5) and serving.faults.fatal is None:
-                pass
-            fatal = serving.faults.fatal
-            if fatal is None:
-                click.echo(f"worker {serving.worker_id}: stopping", err=True)
-            serving.stop()
+            with _stopping_on_signals(stop):
+                click.echo(
+                    f"worker {serving.worker_id} serving {db} "
+                    f"(concurrency {concurrency}, {executor}); Ctrl-C to stop",
+                    err=True,
+                )
+                # A fatal fault is said here, as the command's error.
+                serving.faults.report_fatal = False
+                serving.start()
+                while not stop.wait(0.5) and serving.faults.fatal is None:
+                    pass
+                fatal = serving.faults.fatal
+                if fatal is None:
+                    click.echo(f"worker {serving.worker_id}: stopping", err=True)
+                serving.stop()
         finally:
-            for sig, handler in previous.items():
-                signal.signal(sig, handler)
             if health_server is not None:
                 health_server.stop()
         if fatal is not None:

@@ -40,7 +40,7 @@ from ._schedules import (
     SyncReport,
     UnknownPipelineError,
 )
-from ._urls import DEFAULT_URL, BackendUnavailableError, open_store
+from ._urls import DEFAULT_URL, BackendUnavailableError, is_postgres_url, open_store
 
 __all__ = [
     "DEFAULT_IDEMPOTENCY_RETENTION",
@@ -72,6 +72,7 @@ __all__ = [
     "UnknownPipelineError",
     "UnsupportedOperationError",
     "import_plugin_modules",
+    "is_postgres_url",
     "new_run_id",
     "open_store",
     "plugin",

@@ -6,10 +6,18 @@ from typing import Any, Final
 
 from dagwerk.errors import DagwerkError
 
-__all__ = ["DEFAULT_URL", "BackendUnavailableError", "open_store"]
+__all__ = ["DEFAULT_URL", "BackendUnavailableError", "is_postgres_url", "open_store"]
 
 DEFAULT_URL: Final = "sqlite:///dagwerk.db"
 """``Engine()`` and the ``dagwerk`` command use ``./dagwerk.db`` unless told otherwise."""
+
+
+POSTGRES_SCHEMES: Final = ("postgresql:", "postgres:", "postgresql+psycopg:")
+
+
+def is_postgres_url(url: str) -> bool:
+    """Whether ``url`` names a PostgreSQL database."""
+    return url.startswith(POSTGRES_SCHEMES)
 
 
 class BackendUnavailableError(DagwerkError, RuntimeError):
@@ -37,7 +45,7 @@ def open_store(url: str, **options: Any) -> Any:
         from dagwerk.backends.memory import MemoryStore
 
         return MemoryStore(**options)
-    if url.startswith(("postgresql:", "postgres:", "postgresql+psycopg:")):
+    if is_postgres_url(url):
         try:
             from dagwerk.backends.postgres import PostgresStore
         except ModuleNotFoundError as error:

@@ -127,7 +127,13 @@ class Connections:
     """
 
     def __init__(
-        self, url: str, kwargs: dict[str, Any], *, size: int, reconnect_timeout: float
+        self,
+        url: str,
+        kwargs: dict[str, Any],
+        *,
+        size: int,
+        reconnect_timeout: float,
+        open_timeout: float | None = None,
     ) -> None:
         self._url = url
         self._kwargs = kwargs
@@ -145,7 +151,10 @@ class Connections:
         self._open = 0
         # Threads waiting for a connection: none is parked meanwhile.
         self._waiters = 0
-        first = self.connect(time.monotonic() + reconnect_timeout)
+        # The first connection, made here, waits ``open_timeout`` (default:
+        # the reconnect timeout) for a server that refuses or does not answer.
+        waits = reconnect_timeout if open_timeout is None else open_timeout
+        first = self.connect(time.monotonic() + waits)
         self._idle.append(first)
         self._open = 1
 

@@ -514,8 +514,9 @@ class PostgresGateway(Gateway):
     connection must not cross processes, and the parent's pool is left alone.
     ``reconnect_timeout`` bounds how long a transaction waits for a
     connection (while the server restarts, say) before
-    :class:`StoreUnavailableError`. ``application_name`` labels the
-    connections in ``pg_stat_activity``.
+    :class:`StoreUnavailableError`; ``open_timeout`` (default: the same)
+    bounds the wait for the first connection, made here. ``application_name``
+    labels the connections in ``pg_stat_activity``.
     """
 
     pipelines_writes = True
@@ -530,6 +531,7 @@ class PostgresGateway(Gateway):
         schema: str | None,
         pool_size: int = 4,
         reconnect_timeout: float = 30.0,
+        open_timeout: float | None = None,
         application_name: str = "dagwerk",
     ) -> None:
         self.url = url
@@ -538,7 +540,11 @@ class PostgresGateway(Gateway):
         self.pool_size = pool_size
         self.reconnect_timeout = reconnect_timeout
         self.connections = Connections(
-            url, self.connect_kwargs(), size=pool_size, reconnect_timeout=reconnect_timeout
+            url,
+            self.connect_kwargs(),
+            size=pool_size,
+            reconnect_timeout=reconnect_timeout,
+            open_timeout=open_timeout,
         )
         # Notifications carry the schema of the queue that changed.
         self.notify_payload: str | None = schema

@@ -67,6 +67,18 @@ def _take_param(url: str, name: str) -> tuple[str, str | None]:
     return (f"{base}?{'&'.join(kept)}" if kept else base), value
 
 
+def _seconds(value: object, field: str) -> float:
+    """``value`` as a number of seconds > 0 and at most a day, else
+    :class:`InvalidStoreValueError` naming ``field``."""
+    if isinstance(value, bool) or not isinstance(value, int | float) or not 0 < value <= 86400:
+        raise InvalidStoreValueError(
+            f"{field} must be a number of seconds > 0 and at most 86400 (a day)",
+            field=field,
+            limit=86400,
+        )
+    return float(value)
+
+
 def _reconnect_timeout(given: float | None, in_url: str | None) -> float:
     """The reconnect timeout of the keyword or of ``?reconnect_timeout=``."""
     if in_url is not None:
@@ -81,14 +93,7 @@ def _reconnect_timeout(given: float | None, in_url: str | None) -> float:
                 field="reconnect_timeout",
             )
         given = parsed
-    value = DEFAULT_RECONNECT_TIMEOUT if given is None else given
-    if isinstance(value, bool) or not isinstance(value, int | float) or not 0 < value <= 86400:
-        raise InvalidStoreValueError(
-            "reconnect_timeout must be a number of seconds > 0 and at most 86400 (a day)",
-            field="reconnect_timeout",
-            limit=86400,
-        )
-    return float(value)
+    return _seconds(DEFAULT_RECONNECT_TIMEOUT if given is None else given, "reconnect_timeout")
 
 
 class PostgresStore(SqlStore):
@@ -118,7 +123,10 @@ class PostgresStore(SqlStore):
     or times out (a restart, say) before ``StoreUnavailableError`` naming
     the server and the cause; a server that rejects the connection (unknown
     database or role, wrong password) and an unknown host fail at once
-    with ``StoreCannotOpenError``.
+    with ``StoreCannotOpenError``. ``open_timeout`` (default: the reconnect
+    timeout) bounds that wait for the first connection, which opening makes:
+    ``dagwerk worker`` opens with 1 s and waits out a longer outage in its
+    fault gate, which says so at once.
     ``application_name`` labels the connections in ``pg_stat_activity``.
     ``clock``, ``max_deliveries``, ``default_queue`` and ``default_priority``
     are as for
@@ -137,6 +145,7 @@ class PostgresStore(SqlStore):
         pool_size: int = 4,
         schema: str | None = None,
         reconnect_timeout: float | None = None,
+        open_timeout: float | None = None,
         application_name: str = "dagwerk",
     ) -> None:
         url, timeout_in_url = _take_param(postgres_url(url), "reconnect_timeout")
@@ -160,6 +169,7 @@ class PostgresStore(SqlStore):
             schema=schema,
             pool_size=pool_size,
             reconnect_timeout=reconnect_timeout,
+            open_timeout=None if open_timeout is None else _seconds(open_timeout, "open_timeout"),
             application_name=application_name,
         )
         try:
