@@ -121,7 +121,11 @@ TASK_TERMINAL_STATUSES: Final = frozenset(
 )
 RUN_RETRYABLE_STATUSES: Final = RUN_TERMINAL_STATUSES - {RunStatus.COMPLETED}
 
-# --- JSON value limits (seed values) -------------------------------------
+# --- worker defaults -----------------------------------------------------
+DEFAULT_CONCURRENCY: Final = 4
+"""Attempts a worker runs at once, and deliveries its batch claims, unless
+told otherwise (``Worker``, ``Engine.worker``, ``dagwerk worker``)."""
+
 DEFAULT_BURST_HORIZON: Final = 300.0
 """Seconds ahead a burst worker waits for a delivery to become due (a retry
 on its backoff) before it exits."""
@@ -133,6 +137,7 @@ DEFAULT_CLAIM_AHEAD: Final = 64
 MAX_CLAIM_AHEAD: Final = 1024
 """The highest claim ahead a worker accepts."""
 
+# --- JSON value limits (seed values) -------------------------------------
 MAX_OUTPUT_FIELDS_BYTES: Final = 65_536
 MAX_JSON_DEPTH: Final = 16
 MAX_JSON_KEYS: Final = 512

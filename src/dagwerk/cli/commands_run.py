@@ -36,6 +36,7 @@ from dagwerk.cli.commands_common import (
 from dagwerk.constants import (
     DEFAULT_BURST_HORIZON,
     DEFAULT_CLAIM_AHEAD,
+    DEFAULT_CONCURRENCY,
     MAX_CLAIM_AHEAD,
     RUN_TERMINAL_STATUSES,
     TaskStatus,
@@ -404,7 +405,14 @@ def _stopping_on_signals(stop: threading.Event) -> Iterator[None]:
 
 @click.command()
 @db_option
-@click.option("--concurrency", default=4, show_default=True, type=click.IntRange(1, 1024))
+@click.option(
+    "--concurrency",
+    default=DEFAULT_CONCURRENCY,
+    show_default=True,
+    type=click.IntRange(1, 1024),
+    help="Run at most N attempts at once; a batch claims N deliveries in one commit.",
+    metavar="N",
+)
 @click.option(
     "--claim-ahead",
     type=click.IntRange(0, MAX_CLAIM_AHEAD),

@@ -26,6 +26,7 @@ from dagwerk.backends.errors import StoreUnavailableError
 from dagwerk.budgets import Budget
 from dagwerk.capabilities import StoreCapabilities
 from dagwerk.constants import (
+    DEFAULT_CONCURRENCY,
     RUN_TERMINAL_STATUSES,
     FailurePolicy,
     NodeDisposition,
@@ -768,7 +769,9 @@ class Engine(ScheduleMethods, ViewMethods):
 
     # --- workers -----------------------------------------------------------------
 
-    def worker(self, concurrency: int = 4, executor: str = "thread", **options: Any) -> Worker:
+    def worker(
+        self, concurrency: int = DEFAULT_CONCURRENCY, executor: str = "thread", **options: Any
+    ) -> Worker:
         """A :class:`~dagwerk.runtime.worker.Worker` on this engine's store and
         plugins (not started). ``options`` go to ``Worker`` (``lease_seconds``,
         ``default_timeout``, ``worker_id``, ...). ``close`` stops it."""

@@ -22,7 +22,7 @@ from pathlib import Path
 from types import MappingProxyType
 from typing import TypedDict
 
-from dagwerk.constants import DEFAULT_CLAIM_AHEAD, MAX_CLAIM_AHEAD
+from dagwerk.constants import DEFAULT_CLAIM_AHEAD, DEFAULT_CONCURRENCY, MAX_CLAIM_AHEAD
 from dagwerk.errors import DagwerkError
 from dagwerk.lineage import DEFAULT_MAX_CHILD_DEPTH
 from dagwerk.runtime.backstop import DEFAULT_BACKSTOP_INTERVAL
@@ -52,7 +52,8 @@ MAX_CLAIM_AHEAD_HORIZON = 60.0
 class WorkerSettings:
     """Everything a worker is configured with; see the module for defaults.
 
-    - ``concurrency``: attempts run in parallel per batch (an int >= 1).
+    - ``concurrency``: attempts run in parallel per batch (an int >= 1;
+      default 4).
     - ``lease_seconds`` / ``lease_grace``: an attempt owns its delivery for
       ``max(timeout, lease_seconds) + lease_grace`` seconds (WK-03).
     - ``poll_interval``: the idle back-off and the delay before a delivery
@@ -84,7 +85,7 @@ class WorkerSettings:
       :mod:`dagwerk.runtime.claim_ahead`; the thread executor's batches only).
     """
 
-    concurrency: int = 1
+    concurrency: int = DEFAULT_CONCURRENCY
     lease_seconds: float = 30.0
     lease_grace: float = 30.0
     poll_interval: float = 0.5
