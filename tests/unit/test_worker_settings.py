@@ -72,3 +72,21 @@ def test_an_invalid_setting_names_its_field(tmp_path: Path, field: str, value: o
     with pytest.raises(DagwerkError) as caught:
         WorkerSettings(execution_root=tmp_path, **{field: value})  # type: ignore[arg-type]
     assert caught.value.field == field
+
+
+def test_every_way_of_building_a_worker_has_the_same_default_concurrency(
+    tmp_path: Path,
+) -> None:
+    from click.testing import CliRunner
+
+    from dagwerk.cli import cli
+    from dagwerk.constants import DEFAULT_CONCURRENCY
+    from dagwerk.engine import Engine
+
+    assert DEFAULT_CONCURRENCY > 1  # a default worker runs attempts side by side
+    direct = Worker(MemoryStore(), {}, execution_root=tmp_path)
+    with Engine("memory://", execution_root=tmp_path) as engine:
+        built = engine.worker()
+        assert direct.settings.concurrency == built.settings.concurrency == DEFAULT_CONCURRENCY
+    shown = CliRunner().invoke(cli, ["worker", "--help"]).output
+    assert f"default: {DEFAULT_CONCURRENCY};" in " ".join(shown.split()), shown
