@@ -23,7 +23,7 @@ from dagwerk.engine import Engine
 from dagwerk.models import DagNode
 from dagwerk.pipeline_file import load_pipeline
 from dagwerk.testing.web import HOSTILE_TEXT, Demo, demo_nodes, seed_demo
-from dagwerk.web import PipelineRegistry, WebSettings, create_app
+from dagwerk.web import ServedPipelines, WebSettings, create_app
 from dagwerk.web.security import CSRF_COOKIE, SESSION_COOKIE
 
 TOKEN = "a-test-token-of-some-length"
@@ -441,7 +441,7 @@ PIPELINE = textwrap.dedent(
 def _trigger(engine: Engine, tmp_path: Path, **settings: Any) -> tuple[TestClient, Path]:
     path = tmp_path / "triggered.yaml"
     path.write_text(PIPELINE, encoding="utf-8")
-    registry = PipelineRegistry()
+    registry = ServedPipelines()
     registry.add(load_pipeline(path))
     return client(engine, pipelines=registry, **settings), path
 

@@ -150,13 +150,13 @@ def serve(  # noqa: PLR0917 (click passes every option)
     from dagwerk.cli.commands_common import open_engine
     from dagwerk.pipeline_file import load_pipeline
     from dagwerk.runtime.backstop import Backstop
-    from dagwerk.web import TOKEN_ENV, PipelineRegistry, WebSettings, check_bind
+    from dagwerk.web import TOKEN_ENV, ServedPipelines, WebSettings, check_bind
     from dagwerk.web.security import is_loopback
     from dagwerk.web.server import WebServer
 
     token = os.environ.get(TOKEN_ENV) or None
     check_bind(host, token)
-    registry = PipelineRegistry()
+    registry = ServedPipelines()
     for path in pipelines:
         registry.add(load_pipeline(path))
     with open_engine(db) as engine:

@@ -3,13 +3,13 @@ builds the ASGI application over an :class:`~dagwerk.Engine`."""
 
 from __future__ import annotations
 
-from dagwerk.web.actions import PipelineRegistry
+from dagwerk.web.actions import ServedPipelines
 from dagwerk.web.app import WebSettings, create_app
 from dagwerk.web.security import TOKEN_ENV, UnsafeBindError, check_bind
 
 __all__ = [
     "TOKEN_ENV",
-    "PipelineRegistry",
+    "ServedPipelines",
     "UnsafeBindError",
     "WebSettings",
     "check_bind",

@@ -27,7 +27,7 @@ __all__ = [
     "ActionInputError",
     "NotFoundError",
     "PipelineNotFoundError",
-    "PipelineRegistry",
+    "ServedPipelines",
     "cancel",
     "check_idempotency_key",
     "check_nodes",
@@ -180,10 +180,11 @@ def reinject(engine: Engine, dead_letter_id: str, caller: Caller) -> dict[str, A
 
 
 @dataclass(slots=True)
-class PipelineRegistry:
+class ServedPipelines:
     """The pipelines ``POST /api/runs`` may start, by name and by the file
     path they were loaded from (``dagwerk serve --pipeline FILE``). A request
-    never makes the server read a file it was not given at start."""
+    never makes the server read a file it was not given at start (unlike
+    ``Engine.pipelines``, which loads a pipeline file it is named)."""
 
     by_name: dict[str, Pipeline] = field(default_factory=dict)
     by_path: dict[str, Pipeline] = field(default_factory=dict)
@@ -211,7 +212,7 @@ class PipelineRegistry:
 
 def start_run(
     engine: Engine,
-    registry: PipelineRegistry,
+    registry: ServedPipelines,
     body: object,
     idempotency_key: str | None,
     caller: Caller,

@@ -42,7 +42,7 @@ from dagwerk.web import actions, reads
 from dagwerk.web.actions import (
     ActionInputError,
     NotFoundError,
-    PipelineRegistry,
+    ServedPipelines,
     parse_json_text,
 )
 from dagwerk.web.security import (
@@ -74,7 +74,7 @@ class WebSettings:
     token: str | None = None
     read_only: bool = False
     loopback: bool = True
-    pipelines: PipelineRegistry = field(default_factory=PipelineRegistry)
+    pipelines: ServedPipelines = field(default_factory=ServedPipelines)
     metrics: Any = None
     health: Any = None
     poll_seconds: float = 1.0
