@@ -93,6 +93,7 @@ def warn_regex_fallback() -> None:
         stacklevel=3,
     )
 
+
 # The fallback's static cost check reads Python's own parse of the pattern.
 # ``re._parser`` is private but stable since 3.11; ``Any`` because typeshed
 # does not describe it.

@@ -71,6 +71,7 @@ class LeaseFacts(Protocol):
     @property
     def expired_seconds_ago(self) -> float: ...
 
+
 __all__ = [
     "NodeExplanation",
     "NodeState",

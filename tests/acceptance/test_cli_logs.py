@@ -116,9 +116,7 @@ def test_show_prints_a_failed_tasks_last_lines_next_to_its_error(cli: DagwerkCli
     assert talked["log_tail"] is None
 
 
-def test_follow_streams_a_running_runs_lines_until_it_ends(
-    cli: DagwerkCli, tmp_path: Path
-) -> None:
+def test_follow_streams_a_running_runs_lines_until_it_ends(cli: DagwerkCli, tmp_path: Path) -> None:
     gate = tmp_path / "gate"
     env = {"LOGGED_GATE": str(gate)}
     submitted = cli("submit", "logged.yaml", "--run-id", "run-follow")

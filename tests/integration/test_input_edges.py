@@ -144,7 +144,6 @@ def test_dagwerk_submit_refuses_an_unsafe_run_id(workspace: Path) -> None:
     assert _stored_runs(workspace) == 0
 
 
-
 def test_start_child_refuses_an_unsafe_run_id() -> None:
     engine = Engine("memory://")
 

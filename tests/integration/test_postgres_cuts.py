@@ -157,9 +157,7 @@ def _cut(
     else:
         assert fired
         assert classify(error) is FaultKind.TRANSIENT
-        assert f"lost the connection to PostgreSQL at 127.0.0.1:{stores.proxy.port}" in str(
-            error
-        )
+        assert f"lost the connection to PostgreSQL at 127.0.0.1:{stores.proxy.port}" in str(error)
         assert cut in (case.before, case.after), (chunk, cut)
     case.call()  # the repeat, on the same store object
     assert case.state() == case.after

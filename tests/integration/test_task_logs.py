@@ -148,9 +148,7 @@ def test_a_silent_plugin_stores_nothing_and_starts_no_writer(engine: Engine) -> 
 
 
 @pytest.mark.parametrize("executor", ["thread", "process"])
-def test_past_the_line_bound_the_rest_is_dropped_and_counted(
-    engine: Engine, executor: str
-) -> None:
+def test_past_the_line_bound_the_rest_is_dropped_and_counted(engine: Engine, executor: str) -> None:
     run_id = _run(
         engine,
         [DagNode(slug="m", plugin="many")],
@@ -219,9 +217,7 @@ def test_logs_are_kept_per_attempt_and_filtered_by_node_task_and_attempt(
     assert engine.logs(run_id, limit=2) == everything[:2]
 
 
-def test_a_running_tasks_lines_are_readable_before_it_ends(
-    engine: Engine, tmp_path: Path
-) -> None:
+def test_a_running_tasks_lines_are_readable_before_it_ends(engine: Engine, tmp_path: Path) -> None:
     worker = engine.worker(concurrency=1)
     worker.start()
     try:

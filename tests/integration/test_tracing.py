@@ -57,9 +57,7 @@ def test_one_run_over_two_worker_processes_is_one_trace(tmp_path: Path) -> None:
     assert {span["trace_id"] for span in every} == {app["trace_id"]}
 
     attempts = [s for s in every if s["name"] == "dagwerk.attempt"]
-    assert sorted(s["attributes"]["dagwerk.node"] for s in attempts) == [
-        f"n{i}" for i in range(6)
-    ]
+    assert sorted(s["attributes"]["dagwerk.node"] for s in attempts) == [f"n{i}" for i in range(6)]
     for span in attempts:
         assert span["parent_id"] == submit["span_id"]
         assert span["attributes"]["dagwerk.run_id"] == run_id
@@ -243,7 +241,7 @@ def plugin(inputs, ctx):
     ctx.logger.warning("a line")
     return {{}}
 
-for url in ("memory://", "sqlite:///{tmp_path / 'x.db'}"):
+for url in ("memory://", "sqlite:///{tmp_path / "x.db"}"):
     with Engine(url, execution_root={str(tmp_path)!r}) as engine:
         engine.plugin("p")(plugin)
         assert engine.run([DagNode(slug="a", plugin="p")], timeout=60).status.value == "completed"

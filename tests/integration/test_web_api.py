@@ -464,9 +464,7 @@ def test_post_runs_starts_a_run_of_a_served_pipeline(engine: Engine, tmp_path: P
     assert keyed.status_code == 201
 
 
-def test_post_runs_with_an_idempotency_key_creates_one_run(
-    engine: Engine, tmp_path: Path
-) -> None:
+def test_post_runs_with_an_idempotency_key_creates_one_run(engine: Engine, tmp_path: Path) -> None:
     web, _ = _trigger(engine, tmp_path)
     body = {"pipeline": "triggered", "input": {"who": "ada"}}
     headers = {"Idempotency-Key": "order-7"}

@@ -9,7 +9,7 @@ from click.testing import CliRunner
 
 from dagwerk.cli import cli
 
-NESTED_PLUGINS = '''
+NESTED_PLUGINS = """
 import dagwerk
 
 @dagwerk.plugin("nested_customers")
@@ -21,7 +21,7 @@ def customers(inputs, ctx):
             "tags": ("new", "eu"),
         }
     ]
-'''
+"""
 
 NESTED_PIPELINE = """
 name: nested
@@ -77,7 +77,7 @@ def test_run_and_outputs_print_nested_outputs_as_json(tmp_path: Path) -> None:
     assert "has no node 'nope' (nodes: customers)" in unknown.stderr
 
 
-LOGGING_PLUGINS = '''
+LOGGING_PLUGINS = """
 import dagwerk
 
 @dagwerk.plugin("logging_say")
@@ -85,7 +85,7 @@ def say(inputs, ctx):
     ctx.logger.info("hello from the plugin")
     ctx.logger.debug("a detail")
     return {"said": True}
-'''
+"""
 
 LOGGING_PIPELINE = """
 name: logging

@@ -82,9 +82,7 @@ def _show(url: str, *args: str) -> str:
     return result.stdout
 
 
-def test_show_summarises_per_node_and_lists_tasks_only_when_asked(
-    url: str, tmp_path: Path
-) -> None:
+def test_show_summarises_per_node_and_lists_tasks_only_when_asked(url: str, tmp_path: Path) -> None:
     run_id = _waiting_run(url, tmp_path)
     summary = _show(url, run_id).splitlines()
     assert summary[0].startswith(f"run {run_id}: running (nodes 1/2, ")

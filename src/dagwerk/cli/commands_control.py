@@ -77,8 +77,7 @@ def retry(run_id: str, boundary: tuple[str, ...], db: str, as_json: bool) -> Non
         kept_text = f"; the other {kept} nodes keep their outputs"
     click.echo(
         safe_line(
-            f"run {run_id}: reopened (retry {result.retry_count}); "
-            f"{what} will run again{kept_text}"
+            f"run {run_id}: reopened (retry {result.retry_count}); {what} will run again{kept_text}"
         )
     )
     click.echo(

@@ -447,9 +447,7 @@ def _print_summary(described: dict[str, Any], db: str) -> None:
     )
     render_composite(described)
     if described["tasks"]:
-        click.echo(
-            f"tasks: dagwerk show {run_id} --tasks [--node SLUG] [--status STATUS]{where}"
-        )
+        click.echo(f"tasks: dagwerk show {run_id} --tasks [--node SLUG] [--status STATUS]{where}")
 
 
 @click.command()
@@ -495,9 +493,7 @@ def outputs(run_id: str, slugs: tuple[str, ...], db: str, as_json: bool) -> None
                 "run_id": run_id,
                 "status": result.status.value,
                 "outputs": {
-                    slug: [
-                        {"id": out.id, "fields": out.fields, "data": out.data} for out in values
-                    ]
+                    slug: [{"id": out.id, "fields": out.fields, "data": out.data} for out in values]
                     for slug, values in published.items()
                 },
             }

@@ -93,7 +93,7 @@ def _status(engine: Engine, run_id: str | None) -> str:
 @schedule.command("add")
 @click.argument("name")
 @click.argument("pipeline_file", metavar="PIPELINE", type=click.Path(dir_okay=False))
-@click.option("--cron", metavar="EXPR", help='A 5-field cron expression or @hourly, @daily, ...')
+@click.option("--cron", metavar="EXPR", help="A 5-field cron expression or @hourly, @daily, ...")
 @click.option("--every", metavar="DURATION", help="A fixed interval instead: 30s, 10m, 2h, 1d.")
 @click.option("--input", "input_text", metavar="JSON", help="Run input of each run (JSON object).")
 @click.option("--timezone", default="UTC", show_default=True, help="IANA zone of --cron.")
@@ -295,9 +295,7 @@ def sync(pipeline_file: str, db: str, as_json: bool) -> None:
 @click.option("--max-active", type=click.IntRange(1, 1_000), default=4, show_default=True)
 @db_option
 @json_option
-def backfill(
-    *, name: str, start: str, end: str, max_active: int, db: str, as_json: bool
-) -> None:
+def backfill(*, name: str, start: str, end: str, max_active: int, db: str, as_json: bool) -> None:
     """Create one run per tick of schedule NAME in a date range, at most
     --max-active unfinished at a time, and wait until all are finished.
 

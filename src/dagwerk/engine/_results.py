@@ -133,9 +133,7 @@ def read_progress(store: Any, run_id: str) -> RunProgress:
     )
 
 
-def read_result(
-    store: Any, run_id: str, run_outputs: RunOutputsStore | None = None
-) -> RunResult:
+def read_result(store: Any, run_id: str, run_outputs: RunOutputsStore | None = None) -> RunResult:
     """The run's status, error and the outputs of every node's active
     generation; with ``run_outputs`` (the store's capability) every node's
     outputs come from one read."""

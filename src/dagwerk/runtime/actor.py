@@ -336,7 +336,6 @@ class AdvancementActor:
             self._clock.wait(self._wake, delay)
             backoff = min(backoff * 2, self._idle_max)
 
-
     def _pause(self, seconds: float) -> None:
         """Wait ``seconds`` (a fault's backoff); only ``stop`` ends it early."""
         deadline = self._clock.monotonic() + seconds

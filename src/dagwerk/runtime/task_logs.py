@@ -106,9 +106,7 @@ class TaskLogLimits:
         for name in ("max_bytes", "max_lines"):
             value = getattr(self, name)
             if type(value) is not int or value < 0:
-                raise DagwerkError(
-                    f"task_log_{name} must be an int >= 0", field=f"task_log_{name}"
-                )
+                raise DagwerkError(f"task_log_{name} must be an int >= 0", field=f"task_log_{name}")
 
     @property
     def enabled(self) -> bool:
@@ -360,9 +358,7 @@ class TaskLogger(logging.LoggerAdapter[logging.Logger]):
             # Without this method's and _record's frames.
             stack = traceback.format_stack(sys._getframe(2))
             sinfo = "Stack (most recent call last):\n" + "".join(stack).rstrip("\n")
-        return logging.LogRecord(
-            self.logger.name, level, "", 0, msg, args, exc_info, None, sinfo
-        )
+        return logging.LogRecord(self.logger.name, level, "", 0, msg, args, exc_info, None, sinfo)
 
 
 _TASK_LOGGERS: dict[str, TaskLogger] = {}

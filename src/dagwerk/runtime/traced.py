@@ -51,6 +51,7 @@ class ExecutionOutcome(Protocol):
     @property
     def error(self) -> BaseException | None: ...
 
+
 __all__ = ["attempt_started", "attempts_settled", "attempts_settling", "batch_stored", "now_ns"]
 
 

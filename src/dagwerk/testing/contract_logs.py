@@ -136,9 +136,7 @@ def test_task_logs_follow_after_a_line_with_a_limit(store: Any) -> None:
         ({"limit": MAX_TASK_LOG_READ + 1}, "limit"),
     ],
 )
-def test_task_logs_refuse_malformed_requests(
-    store: Any, where: dict[str, Any], field: str
-) -> None:
+def test_task_logs_refuse_malformed_requests(store: Any, where: dict[str, Any], field: str) -> None:
     logs = _logs(store)
     query = replace(TaskLogQuery(run_id="run-1"), **where)
     with pytest.raises(TaskLogError) as raised:

@@ -242,9 +242,7 @@ class QueueMixin(MemoryStoreBase):
         self._dead_lettered.append(TaskAttemptRef(task.task_id, task.attempt_id))
 
 
-def _leased(
-    delivery: Delivery, row: QueueRow, worker_id: str, offered_at: float
-) -> LeasedDelivery:
+def _leased(delivery: Delivery, row: QueueRow, worker_id: str, offered_at: float) -> LeasedDelivery:
     assert row.lease_expires_at is not None
     return LeasedDelivery(
         delivery_id=delivery.delivery_id,

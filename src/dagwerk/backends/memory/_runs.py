@@ -359,4 +359,3 @@ def run_record(run: RunState) -> RunRecord:
         finished_at=run.finished_at,
         pipeline=run.pipeline,
     )
-

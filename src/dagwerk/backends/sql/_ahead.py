@@ -172,11 +172,7 @@ class ClaimAheadMixin(SqlStoreBase):
             return False
         # Every row available now, up to the room left, is the claim's too:
         # with room for all of them and the new rows, none is passed over.
-        others = (
-            looked
-            if looked is not None
-            else tx.all(*_look(intent, now))
-        )
+        others = looked if looked is not None else tx.all(*_look(intent, now))
         if len(others) + len(rows) > intent.room:
             # Once available rows fill the room, no later launch of the unit
             # can claim: they need not look (not claiming is always safe, the

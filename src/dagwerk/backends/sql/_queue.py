@@ -72,9 +72,7 @@ class QueueMixin(SqlStoreBase):
         appended to ``claims`` (see :meth:`_lease`). ``record_worker=False``:
         the leases do not record the worker on the tasks; the caller's claim
         of the same rows does."""
-        lease, names, patience = check_claim(
-            worker_id, limit, lease_seconds, queues, wait_seconds
-        )
+        lease, names, patience = check_claim(worker_id, limit, lease_seconds, queues, wait_seconds)
         if names == []:
             return []
         wanted = RowFilter.of(names, plugins, prefer_run)

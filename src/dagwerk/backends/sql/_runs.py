@@ -431,4 +431,3 @@ def _complete(launch: Row) -> bool:
         launch["disposition"] != NodeDisposition.LAUNCHED.value
         or launch["completed"] == launch["task_count"]
     )
-
