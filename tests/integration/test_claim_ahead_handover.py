@@ -22,11 +22,6 @@ LEASES = {"queue_lease", "queue_lease_next"}
 
 
 @pytest.fixture
-def url(database_url: str) -> str:
-    return database_url
-
-
-@pytest.fixture
 def names(monkeypatch: pytest.MonkeyPatch) -> Counter[str]:
     """The named statements each gateway ran (PostgreSQL: per call, each
     query of a flight of several counted)."""
@@ -51,9 +46,9 @@ def names(monkeypatch: pytest.MonkeyPatch) -> Counter[str]:
 
 
 def test_a_chains_hops_on_one_worker_lease_nothing(
-    url: str, names: Counter[str], tmp_path: Path
+    database_url: str, names: Counter[str], tmp_path: Path
 ) -> None:
-    with Engine(url, execution_root=tmp_path) as engine:
+    with Engine(database_url, execution_root=tmp_path) as engine:
         for n in range(STEPS):  # chain() names each plugin after its node
             engine.plugin(f"n{n}")(lambda inputs, ctx: [{"n": 1}])
         run_id = engine.submit(chain(STEPS))

@@ -12,8 +12,6 @@ import sys
 import time
 from pathlib import Path
 
-import pytest
-
 from dagwerk import DagNode, Engine, RunStatus
 
 PLUGIN = """
@@ -27,16 +25,11 @@ def ping(inputs, ctx):
 POLL = 30.0
 
 
-@pytest.fixture
-def url(database_url: str) -> str:
-    return database_url
-
-
 def test_wait_sees_another_processs_end_of_the_run_long_before_its_poll(
-    url: str, tmp_path: Path
+    database_url: str, tmp_path: Path
 ) -> None:
     (tmp_path / "ping_plugins.py").write_text(PLUGIN)
-    with Engine(url, execution_root=tmp_path, poll_interval=POLL) as client:
+    with Engine(database_url, execution_root=tmp_path, poll_interval=POLL) as client:
         assert client.capabilities.changes is not None
         run_id = client.submit([DagNode(slug="p", plugin="ping")])
         with open(tmp_path / "worker.err", "w") as err:
@@ -47,7 +40,7 @@ def test_wait_sees_another_processs_end_of_the_run_long_before_its_poll(
                     "dagwerk",
                     "worker",
                     "--db",
-                    url,
+                    database_url,
                     "--plugins",
                     str(tmp_path / "ping_plugins.py"),
                 ],
