@@ -53,6 +53,7 @@ from dagwerk.store_completion_reads import CompletionReadsStore
 from dagwerk.store_logs import RunTraceStore, TaskLogStore
 from dagwerk.store_results import RunOutputsStore
 from dagwerk.store_retention import RunRetentionStore
+from dagwerk.store_run_units import RunUnitStore
 from dagwerk.store_tracebacks import AttemptTracebackStore
 
 __all__ = ["StoreCapabilities"]
@@ -99,6 +100,7 @@ class StoreCapabilities:
     run_outputs: RunOutputsStore | None
     changes: ChangeWaitStore | None
     completion_reads: CompletionReadsStore | None
+    run_units: RunUnitStore | None
     limits: Limits | None
     """The limits the store validates with (a :class:`LimitedStore`)."""
 

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Sequence
+from contextlib import nullcontext
 from typing import cast
 
 from dagwerk._protocols import implements
@@ -45,6 +46,7 @@ from dagwerk.store import (
     UnitOfWorkStore,
 )
 from dagwerk.store_completion_reads import CompletionReadsStore
+from dagwerk.store_run_units import RunUnitStore
 
 __all__ = ["complete_attempts"]
 
@@ -91,12 +93,22 @@ def complete_attempts(
         # thread (see ClaimAheadStore); each write commits on its own.
         if before is not None:
             before()
-        if implements(store, CompletionReadsStore):
-            # The reconciles' first reads come with the completions' commit.
-            with store.reads_with_completions():
+        # The reconciles' first reads come with the completions' writes.
+        reads = (
+            store.reads_with_completions()
+            if implements(store, CompletionReadsStore)
+            else nullcontext()
+        )
+        with reads:
+            if implements(store, RunUnitStore) and _ends_a_launch_of_one_run(items):
+                # A completion that ends its launch commits with the launches
+                # of the children it made ready: one commit instead of two.
+                deferred = _DeferredCallbacks()
+                with store.run_unit():
+                    outcomes = _complete(store, worker_id, items, deferred.callbacks, limits)
+                deferred.fire(callbacks)
+            else:
                 outcomes = _complete(store, worker_id, items, callbacks, limits)
-        else:
-            outcomes = _complete(store, worker_id, items, callbacks, limits)
         if then is not None:
             try:
                 then()
@@ -118,6 +130,15 @@ def complete_attempts(
                 _LOG.exception("the work after a batch of completions failed")
     deferred.fire(callbacks)
     return outcomes
+
+
+def _ends_a_launch_of_one_run(items: list[CompletionRequest]) -> bool:
+    """Whether ``items`` name one run and one of them expects to end its
+    launch (``CompletionRequest.ends_launch``)."""
+    if not items or items[0].run_id is None:
+        return False
+    run_id = items[0].run_id
+    return all(item.run_id == run_id for item in items) and any(item.ends_launch for item in items)
 
 
 def _complete(

@@ -37,6 +37,10 @@ class ClaimedDelivery:
 
     delivery: LeasedDelivery
     task: TaskRecord | None
+    alone: bool = False
+    """The task is the only task of its launch, where the claim read that
+    (so its completion is expected to end the launch, see
+    :attr:`CompletionRequest.ends_launch`); ``False`` where it did not."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -51,6 +55,11 @@ class CompletionRequest:
     """The task's run, where the caller knows it (a worker does, from the
     delivery): a store that groups requests by run may take it instead of
     reading it. A wrong one costs the store a read, never a wrong write."""
+    ends_launch: bool = False
+    """The caller expects the completion to end its task's launch (its
+    reconcile may then launch the children): a store may hold the run for
+    that reconcile from the start (:class:`~dagwerk.store_run_units.RunUnitStore`).
+    A wrong guess costs time, never a wrong write."""
 
 
 CompletionOutcome = TaskCompletionResult | None | DagwerkError

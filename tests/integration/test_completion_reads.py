@@ -60,18 +60,19 @@ def test_a_chains_hop_reads_its_frontier_and_snapshot_with_the_completion(
         hops = STEPS - 2
         for _ in range(hops):
             assert worker.process_once() == 1
-        # Per hop: the status read, the completion (with the next node's
-        # frontier and snapshot), the launch (which claims the next task).
+        # Per hop: the status read, and one write transaction for the
+        # completion (with the next node's frontier and snapshot) and the
+        # launch (which claims the next task): each task is its launch's
+        # only one, so the worker expects its completion to end the launch.
         # Calls that wait for the server: the status; the completion's reads,
-        # then its writes with the reads ahead and the COMMIT; the launch's
-        # reads with its look at the queue (its writes go with its COMMIT).
+        # then its writes with the reads ahead; the launch's reads with its
+        # look at the queue (its writes go with the transaction's COMMIT).
         assert transactions == Counter(
             {
                 "read": hops,
-                "write": 2 * hops,
+                "write": hops,
                 "call one": hops,
-                "call all_of": 2 * hops,
-                "call all_of_commit": hops,
+                "call all_of": 3 * hops,
                 "call many": 9 * hops,  # writes sent without waiting
             }
         ), transactions

@@ -22,7 +22,7 @@ from pg_locks import until_waiting_for_a_lock
 
 from dagwerk._store_extensions import CompletionOutcome
 from dagwerk.backends.postgres import PostgresStore
-from dagwerk.backends.postgres._statements import RUN_LOCK_MODES
+from dagwerk.backends.postgres._statements import RUN_LOCK_MODES, run_lock_mode
 from dagwerk.backends.postgres.gateway import QUERIES
 from dagwerk.constants import TaskStatus
 from dagwerk.orchestrator import reconcile_run
@@ -85,6 +85,22 @@ def test_the_blocks_lock_runs_in_their_modes() -> None:
     # Everything else that locks a run is exclusive.
     assert modes and set(modes.values()) == {EXCLUSIVE}, modes
     assert {"run_get", "run_head", "task_get_owned", "gated_run_lock"} <= set(modes)
+
+
+def test_the_exclusive_form_of_each_block_locks_its_run_for_update() -> None:
+    """What a unit of work's first locking block sends (``PostgresGateway.unit``):
+    the run row in exclusive mode, a lineage's root as exclusive blocks lock it."""
+    root_mode = "FOR NO KEY UPDATE"
+    for name, statement in QUERIES.items():
+        if not statement.run_lock:
+            continue
+        exclusive = [p.decode() for p in statement.exclusive_preludes]
+        assert run_lock_mode([*exclusive, statement.main.decode()]) == EXCLUSIVE, name
+        for given, sent in zip(statement.preludes, exclusive, strict=True):
+            if "root_run_id" in sent and run_lock_mode([sent]):
+                assert sent.endswith(root_mode) or given.decode() == sent, name
+        if statement.run_lock == EXCLUSIVE:
+            assert exclusive == [p.decode() for p in statement.preludes], name
 
 
 def test_a_claim_does_not_wait_for_a_completion_of_its_run(

@@ -86,6 +86,8 @@ class Attempt:
     bound: float
     entry: Running = field(default_factory=lambda: Running(AttemptSignal()))
     ctx: TaskContext | None = None
+    alone: bool = False
+    """The task is its launch's only one (``ClaimedDelivery.alone``)."""
 
 
 class _Prefetched:

@@ -250,6 +250,7 @@ class BatchPath:
                 self._failed_in_worker(claim, exc)
                 continue
             if attempt is not None:
+                attempt.alone = claim.alone
                 attempts.append(attempt)
         for attempt in attempts:
             self._monitor.add(attempt)
@@ -491,6 +492,7 @@ class BatchPath:
                     outcome.outputs,
                     attempt.delivery.delivery_id,
                     attempt.delivery.run_id,
+                    ends_launch=attempt.alone,
                 )
             )
         # Where the completions commit in one unit of work, the next batch is

@@ -10,7 +10,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-__all__ = ["Statement", "parse_block", "statement_params"]
+__all__ = ["Statement", "exclusive_form", "parse_block", "statement_params"]
 
 # ":name" outside "::" casts (the query files spell casts CAST(x AS t)).
 _PARAM = re.compile(r"(?<![:\w]):([A-Za-z_]\w*)")
@@ -31,6 +31,11 @@ class Statement:
     run_lock: int = 0
     """The strongest mode in which the block locks a run row (``RUN_LOCK_MODES``;
     0: it locks none)."""
+    exclusive_preludes: tuple[bytes, ...] = ()
+    """The preludes with every run-row lock in exclusive mode (the root run
+    of a lineage in the mode exclusive blocks lock it in): what the block
+    sends as the first locking block of a transaction that holds its run
+    exclusively (see ``PostgresGateway.unit``)."""
 
 
 RUN_LOCK_MODES = {"KEY SHARE": 1, "NO KEY UPDATE": 2, "UPDATE": 3}
@@ -48,6 +53,23 @@ def run_lock_mode(statements: list[str]) -> int:
     """The strongest run-row lock mode among ``statements`` (0: none)."""
     found = (_RUN_LOCK.match(part) for part in statements)
     return max((RUN_LOCK_MODES[match.group(1)] for match in found if match), default=0)
+
+
+_EXCLUSIVE_ROOT = "NO KEY UPDATE"
+"""The lock an exclusive block takes on a lineage's root run (``run_status``)."""
+
+
+def exclusive_form(statement: str) -> str:
+    """``statement`` with its run-row lock, if any, in exclusive mode: the
+    run itself ``FOR UPDATE``, a lineage's root ``FOR NO KEY UPDATE`` (or
+    stronger, as given)."""
+    match = _RUN_LOCK.match(statement)
+    if match is None:
+        return statement
+    want = _EXCLUSIVE_ROOT if "root_run_id" in statement else "UPDATE"
+    if RUN_LOCK_MODES[match.group(1)] >= RUN_LOCK_MODES[want]:
+        return statement
+    return statement[: match.start(1)] + want
 
 
 def _psycopg_style(sql: str) -> bytes:
@@ -74,6 +96,7 @@ def parse_block(name: str, sql: str) -> Statement:
         _psycopg_style(main),
         frozenset(_JSON_PARAM.findall(code)),
         run_lock_mode(parts),
+        tuple(_psycopg_style(exclusive_form(p)) for p in preludes),
     )
 
 

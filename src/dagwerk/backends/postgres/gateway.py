@@ -19,11 +19,13 @@ of a write cannot be run twice.
 
 from __future__ import annotations
 
+import itertools
+import logging
 import os
 import selectors
 import threading
 import time
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import AbstractContextManager, contextmanager, suppress
 from pathlib import Path
 from typing import Any, cast
@@ -35,10 +37,11 @@ from psycopg.rows import dict_row
 from dagwerk.backends.errors import StoreCannotOpenError, StoreUnavailableError
 from dagwerk.backends.sql.gateway import Gateway, Params, Row, load_queries
 from dagwerk.errors import DagwerkError
+from dagwerk.store import StoreContractError
 
 from ._pool import Conn, Connections, Parked, enter_pipeline, leave_pipeline, send_sync
 from ._set_writes import SET_WRITES_PATH, SetWrite, load_set_writes
-from ._statements import Statement, parse_block
+from ._statements import RUN_LOCK_MODES, Statement, parse_block
 from .errors import (
     check_params,
     is_connection_error,
@@ -63,8 +66,12 @@ RUNS_CHANNEL = "dagwerk_runs"
 
 QUERIES_PATH = Path(__file__).with_name("queries.sql")
 
+_LOG = logging.getLogger("dagwerk.backends.postgres")
+
 _BEGIN_WRITE = b"BEGIN ISOLATION LEVEL READ COMMITTED"
 _BEGIN_READ = b"BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY"
+
+_EXCLUSIVE = RUN_LOCK_MODES["UPDATE"]
 
 
 QUERIES: dict[str, Statement] = {
@@ -102,17 +109,27 @@ class _Tx:
         "_deadline",
         "_deferred",
         "_gateway",
+        "_held",
         "_journal",
         "_pipeline",
+        "_reading",
         "_run_lock",
         "_sent",
         "_settling",
         "_write",
     )
 
-    def __init__(self, gateway: PostgresGateway, conn: Conn | Parked, *, write: bool) -> None:
+    def __init__(
+        self, gateway: PostgresGateway, conn: Conn | Parked, *, write: bool, held: bool = False
+    ) -> None:
         self._gateway = gateway
         self._write = write
+        # A unit's transaction (PostgresGateway.unit): its first locking
+        # block holds the run exclusively, the *_committing calls leave the
+        # COMMIT to the unit's end, and while _reading a joined read's
+        # blocks run without their lock preludes.
+        self._held = held
+        self._reading = False
         self._journal: list[tuple[str, str, Params | None, object]] = []
         self._deadline = time.monotonic() + gateway.reconnect_timeout
         # _sent: BEGIN has gone out; _begun: the server acknowledged it and
@@ -173,10 +190,15 @@ class _Tx:
         values = params or {}
         check_params(name, values, statement.json_params)
         conn = self._send_begin()
-        if self._write:
+        if self._write and not self._reading:
+            preludes = statement.preludes
             if statement.run_lock:
-                self._check_run_lock(name, statement.run_lock)
-            for prelude in statement.preludes:
+                if self._held and not self._run_lock:
+                    preludes = statement.exclusive_preludes
+                    self._run_lock = _EXCLUSIVE
+                else:
+                    self._check_run_lock(name, statement.run_lock)
+            for prelude in preludes:
                 conn.execute(prelude, values)
         return conn.execute(statement.main, values)
 
@@ -375,7 +397,7 @@ class _Tx:
         ``COMMIT`` may have been applied: :class:`StoreUnavailableError`."""
         if not self._write or self._committed:
             raise AssertionError("all_committing is the last call of a write")
-        rows: list[Row] = self._call("all_commit", name, params)
+        rows: list[Row] = self._call("all" if self._held else "all_commit", name, params)
         return rows
 
     def all_of_committing(self, queries: Sequence[tuple[str, Params]]) -> list[list[Row]]:
@@ -386,9 +408,14 @@ class _Tx:
         listed = list(queries)
         names = " and ".join(dict.fromkeys(name for name, _ in listed))
         found: list[list[Row]] = self._call(
-            "all_of_commit", names, None, cast("list[Params]", listed)
+            "all_of" if self._held else "all_of_commit", names, None, cast("list[Params]", listed)
         )
         return found
+
+    def joined(self, *, reading: bool) -> None:
+        """The unit's transaction enters a call of the unit: a read
+        (``reading``, its blocks' lock preludes skipped) or a write."""
+        self._reading = reading
 
     def send(self, name: str, params: Params | None = None) -> None:
         """Execute a block (with its lock preludes) whose row count the caller
@@ -550,6 +577,8 @@ class PostgresGateway(Gateway):
         self.notify_payload: str | None = schema
         self._work = _Listener(self, NOTIFY_CHANNEL)
         self._runs = _Listener(self, RUNS_CHANNEL)
+        self._units = threading.local()
+        self._serials = itertools.count(1)
 
     # -- connections ------------------------------------------------------------------
 
@@ -585,6 +614,10 @@ class PostgresGateway(Gateway):
 
     @contextmanager
     def _transaction(self, *, write: bool) -> Iterator[_Tx]:
+        unit = self._unit_now()
+        if unit is not None and (write or unit.tx is not None):
+            yield from self._joined(unit, write=write)
+            return
         deadline = time.monotonic() + self.reconnect_timeout
         tx = _Tx(self, self.connections.acquire(deadline), write=write)
         try:
@@ -593,6 +626,95 @@ class PostgresGateway(Gateway):
             tx.abort()
             raise
         tx.commit()
+
+    # -- units of work --------------------------------------------------------------------
+
+    def _unit_now(self) -> _Unit | None:
+        unit: _Unit | None = getattr(self._units, "unit", None)
+        return unit
+
+    def _joined(self, unit: _Unit, *, write: bool) -> Iterator[_Tx]:
+        if unit.doomed is not None:
+            raise _doomed_error(unit.doomed)
+        tx = unit.tx
+        if tx is None:
+            deadline = time.monotonic() + self.reconnect_timeout
+            tx = unit.tx = _Tx(self, self.connections.acquire(deadline), write=True, held=True)
+        tx.joined(reading=not write)
+        try:
+            yield tx
+        except BaseException as exc:
+            # A failed statement aborts the server's transaction: the unit
+            # can only roll back.
+            unit.doomed = exc
+            raise
+        finally:
+            tx.joined(reading=False)
+
+    @contextmanager
+    def unit(self) -> Iterator[None]:
+        """One write transaction for every transaction this thread opens on
+        the gateway inside the block (:class:`~dagwerk.store_run_units.RunUnitStore`).
+
+        The transaction begins at the block's first write; a read before it
+        is a snapshot of its own, every later read runs in the unit's
+        transaction (READ COMMITTED, without lock preludes) and sees its
+        writes. The first block that locks a run locks it exclusively (its
+        ``exclusive_preludes``), so no later block of the unit needs a
+        stronger lock than the one it holds. The unit is all or nothing: a
+        call that raises dooms it (PostgreSQL aborts a transaction at its
+        first error), every later call raises, and the block rolls back at
+        its end, raising even if the caller swallowed the first error. The
+        block commits when it ends; the actions of :meth:`after_commit` run
+        after that commit. An inner block joins the outer one.
+        """
+        if self._unit_now() is not None:
+            yield
+            return
+        unit = _Unit(next(self._serials))
+        self._units.unit = unit
+        try:
+            try:
+                yield
+            except BaseException:
+                if unit.tx is not None:
+                    unit.tx.abort()
+                raise
+            if unit.doomed is not None:
+                if unit.tx is not None:
+                    unit.tx.abort()
+                raise _doomed_error(unit.doomed) from unit.doomed
+            if unit.tx is not None:
+                unit.tx.commit()
+        finally:
+            self._units.unit = None
+        for action in unit.after:
+            try:
+                action()
+            except Exception:  # the commit stands: never report it failed
+                _LOG.exception("an action after a unit of work's commit failed")
+
+    def after_commit(self, action: Callable[[], object]) -> bool:
+        """Inside the calling thread's unit of work, once its transaction
+        has begun: run ``action`` after the unit commits (never if it rolls
+        back) and answer True. Elsewhere False."""
+        unit = self._unit_now()
+        if unit is None or unit.tx is None:
+            return False
+        unit.after.append(action)
+        return True
+
+    def unit_serial(self) -> int | None:
+        """Inside the calling thread's unit of work: a number no other unit
+        of this gateway has had. ``None`` elsewhere."""
+        unit = self._unit_now()
+        return None if unit is None else unit.serial
+
+    def undoes_a_failed_write(self) -> bool:
+        """False inside a unit of work whose transaction has begun (a write
+        that raises there dooms the unit)."""
+        unit = self._unit_now()
+        return unit is None or unit.tx is None
 
     def write(self) -> AbstractContextManager[_Tx]:
         """A READ COMMITTED transaction whose lock preludes run."""
@@ -643,6 +765,31 @@ class PostgresGateway(Gateway):
         self._work.close()
         self._runs.close()
         self.connections.close()
+
+
+class _Unit:
+    """The state of one thread's unit of work (``PostgresGateway.unit``)."""
+
+    __slots__ = ("after", "doomed", "serial", "tx")
+
+    def __init__(self, serial: int) -> None:
+        self.serial = serial
+        self.tx: _Tx | None = None
+        self.after: list[Callable[[], object]] = []
+        self.doomed: BaseException | None = None
+
+
+def _doomed_error(cause: BaseException) -> DagwerkError:
+    """What a doomed unit raises: a lost server stays a
+    :class:`StoreUnavailableError` (the worker waits it out), anything else
+    is a :class:`StoreContractError`."""
+    text = (
+        "a call failed inside a unit of work, which therefore rolls back: "
+        f"{type(cause).__name__}: {cause}"
+    )
+    if isinstance(cause, StoreUnavailableError):
+        return StoreUnavailableError(text)
+    return StoreContractError(text)
 
 
 class _Listener:

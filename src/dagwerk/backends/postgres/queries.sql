@@ -26,7 +26,11 @@
 --   generation, a launch's activity, a QUEUED task's attempt), waits for and
 --   shuts out claims and completions.
 -- A transaction never takes a stronger mode after a weaker one (the gateway
--- checks): an upgrade waits for the sharers, which could wait for it.
+-- checks): an upgrade waits for the sharers, which could wait for it. A unit
+-- of work (PostgresGateway.unit: a completion that is expected to end its
+-- launch, with the launches of the reconcile after it) runs its first
+-- locking block in exclusive mode, whatever that block's own mode, so that
+-- nothing later in it needs a stronger lock.
 -- Unlike FOR UPDATE, the two weaker modes do not block the foreign-key checks
 -- of rows that reference the run. The gateway runs preludes in write
 -- transactions only; read transactions are REPEATABLE READ snapshots and take
@@ -297,14 +301,16 @@ WHERE t.task_id = ANY (ARRAY(SELECT jsonb_array_elements_text(CAST(:ids AS jsonb
 -- name: tasks_claimable_many
 -- tasks_get_owned_many in claim mode (see Locking above): the run rows are
 -- shared, the tasks' rows locked, in task order (two claims of one task wait
--- for each other, and the later sees the earlier's claim).
+-- for each other, and the later sees the earlier's claim). The launch's size
+-- tells the worker whether a completion will end the launch.
 SELECT 1 FROM dagwerk_runs WHERE run_id = (
     SELECT root_run_id FROM dagwerk_run_links WHERE run_id = (SELECT run_id FROM dagwerk_tasks WHERE task_id = :first)
 ) FOR KEY SHARE;
 SELECT 1 FROM dagwerk_runs
 WHERE run_id = (SELECT run_id FROM dagwerk_tasks WHERE task_id = :first) FOR KEY SHARE;
 SELECT t.*, r.status AS run_status,
-       (t.invalidated = 0 AND n.generation = t.generation AND l.launch_id IS NOT NULL) AS owned
+       (t.invalidated = 0 AND n.generation = t.generation AND l.launch_id IS NOT NULL) AS owned,
+       l.task_count AS launch_task_count
 FROM dagwerk_tasks t
 JOIN dagwerk_runs r ON r.run_id = t.run_id
 JOIN dagwerk_nodes n ON n.run_id = t.run_id AND n.node_index = t.node_index

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import re
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from types import TracebackType
 from urllib.parse import unquote, urlsplit
 
@@ -188,6 +189,22 @@ class PostgresStore(SqlStore):
             gateway.close()
             raise
         self._pg = gateway
+
+    # -- one run's calls in one transaction ---------------------------------------------
+
+    @contextmanager
+    def run_unit(self) -> Iterator[None]:
+        """The calling thread's store calls inside the block share one write
+        transaction, which holds the run of its first locking call
+        exclusively (:class:`~dagwerk.store_run_units.RunUnitStore`). The
+        tasks its launches claimed for the thread's next claim are
+        forgotten if it rolls back."""
+        try:
+            with self._pg.unit():
+                yield
+        except BaseException:
+            self.forget_claimed_ahead()
+            raise
 
     # -- waking idle workers ------------------------------------------------------------
 

@@ -215,9 +215,17 @@ class ClaimAheadMixin(SqlStoreBase):
                 # Enqueued and claimed in one write.
                 offered_at=cast(float, row["started_at"]),
             )
-            intent.claimed.append((leased, queued_task_row(row)))
+            # The launch's size comes along as a claim reads it (alone_in_launch).
+            kept = {**queued_task_row(row), "launch_task_count": len(rows)}
+            intent.claimed.append((leased, kept))
         intent.room -= len(rows)
         intent.mark = self._write_mark()
+
+    def forget_claimed_ahead(self) -> None:
+        """Forget what the calling thread's launches claimed for its next
+        claim, after the transaction that made them rolled back: the claim
+        then reads the queue itself."""
+        self._claim_intents.pop(threading.get_ident(), None)
 
     def handed_over_all_available(self) -> bool:
         return threading.get_ident() in self._handed_all

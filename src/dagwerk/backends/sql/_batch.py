@@ -102,7 +102,10 @@ class BatchMixin(TasksMixin, QueueMixin, ClaimAheadMixin):
             # the database's write lock.
             return [
                 *self._preclaimed_deliveries(pre),
-                *(ClaimedDelivery(d, _claimed(r)) for d, r in zip(leased, claims, strict=True)),
+                *(
+                    ClaimedDelivery(d, _claimed(r), alone_in_launch(r))
+                    for d, r in zip(leased, claims, strict=True)
+                ),
             ]
         taken: list[ClaimedDelivery] = []
         ahead: Preclaimed | None = None
@@ -139,11 +142,15 @@ class BatchMixin(TasksMixin, QueueMixin, ClaimAheadMixin):
             _LOG.exception("reading the queue after the claimed launches failed")
             return taken
         found: dict[str, TaskRecord | None] = {}
+        alone: set[str] = set()
         for group in _by_run([(d.run_id, d) for d in leased]):
             try:
                 with self._gw.write() as tx:
                     rows = self._claim_many(tx, group, worker_id=worker_id)
                 claimed = {d.delivery_id: _claimed(r) for d, r in zip(group, rows, strict=True)}
+                alone.update(
+                    d.delivery_id for d, r in zip(group, rows, strict=True) if alone_in_launch(r)
+                )
             except StoreUnavailableError:
                 # The leases are committed: the caller gets the rows unclaimed
                 # and handles them one by one (or they come back after the
@@ -151,7 +158,10 @@ class BatchMixin(TasksMixin, QueueMixin, ClaimAheadMixin):
                 claimed = {d.delivery_id: None for d in group}
                 self._record_worker(worker_id, group)
             found.update(claimed)
-        return [*taken, *(ClaimedDelivery(d, found[d.delivery_id]) for d in leased)]
+        return [
+            *taken,
+            *(ClaimedDelivery(d, found[d.delivery_id], d.delivery_id in alone) for d in leased),
+        ]
 
     def _preclaimed_deliveries(self, pre: Preclaimed) -> list[ClaimedDelivery]:
         """The claims of ``pre``; read again when the unit wrote since the
@@ -160,7 +170,9 @@ class BatchMixin(TasksMixin, QueueMixin, ClaimAheadMixin):
         if not pre.claimed:
             return []
         if pre.current:
-            return [ClaimedDelivery(d, _claimed(row)) for d, row in pre.claimed]
+            return [
+                ClaimedDelivery(d, _claimed(row), alone_in_launch(row)) for d, row in pre.claimed
+            ]
         ids = [d.task_id for d, _ in pre.claimed]
         try:
             with self._gw.read() as tx:
@@ -181,6 +193,7 @@ class BatchMixin(TasksMixin, QueueMixin, ClaimAheadMixin):
                 if row is not None
                 and self._matches(row, d.attempt_id, TaskStatus.RUNNING, d.generation)
                 else None,
+                alone_in_launch(row),
             )
             for d, row in ((d, rows.get(d.task_id)) for d, _ in pre.claimed)
         ]
@@ -593,6 +606,17 @@ class _OtherRun(Exception):
 
 class _OutputIdTaken(Exception):
     """An optimistic output insert met a taken output ID (see ``complete_and_ack``)."""
+
+
+def alone_in_launch(row: Mapping[str, object] | Row | None) -> bool:
+    """Whether a claimed task's row says it is its launch's only task
+    (``launch_task_count``, where the claim's statement reads it)."""
+    if row is None:
+        return False
+    try:
+        return bool(row["launch_task_count"] == 1)
+    except (KeyError, IndexError):
+        return False
 
 
 def _claimed(row: Row | None) -> TaskRecord | None:
