@@ -251,3 +251,30 @@ def test_a_workers_chain_steps_commit_with_their_launches(
     # Every step, each its launch's only task, ends its launch in a unit
     # with the next step's launch (the last with the run's end).
     assert len(units) == STEPS
+
+
+def test_a_units_write_mark_moves_with_each_write_only(
+    stores: tuple[PostgresStore, PostgresStore],
+) -> None:
+    """What the store's reads-in-this-transaction shortcuts key on: the mark
+    holds across reads and changes with each write that ends."""
+    mine, _ = stores
+    new_run(mine, chain(2), RUN_ID)
+    gateway = mine._gw
+    assert gateway.write_mark() is None
+    with mine.run_unit():
+        assert gateway.write_mark() is None  # nothing written yet
+        with gateway.write() as tx:
+            tx.run("run_set_status", {"run_id": RUN_ID, "old": "running", "new": "running"})
+        first = gateway.write_mark()
+        assert first is not None
+        assert mine.get_run_status(RUN_ID) is RunStatus.RUNNING
+        assert gateway.write_mark() == first
+        with gateway.write() as tx:
+            tx.run("run_set_status", {"run_id": RUN_ID, "old": "running", "new": "running"})
+        assert gateway.write_mark() not in (None, first)
+    assert gateway.write_mark() is None
+    with mine.run_unit():
+        with gateway.write() as tx:
+            tx.run("run_set_status", {"run_id": RUN_ID, "old": "running", "new": "running"})
+        assert gateway.write_mark() != first  # another unit's marks never repeat

@@ -650,6 +650,8 @@ class PostgresGateway(Gateway):
             raise
         finally:
             tx.joined(reading=False)
+            if write:
+                unit.writes += 1
 
     @contextmanager
     def unit(self) -> Iterator[None]:
@@ -703,6 +705,17 @@ class PostgresGateway(Gateway):
             return False
         unit.after.append(action)
         return True
+
+    def write_mark(self) -> tuple[int, int] | None:
+        """Inside the calling thread's unit of work, once its transaction
+        has begun: a mark that a later call returns again only while no
+        write of the unit has ended in between. The unit holds its run
+        exclusively from its first statement, so what it read of that run
+        in between is still what the database holds. ``None`` elsewhere."""
+        unit = self._unit_now()
+        if unit is None or unit.tx is None:
+            return None
+        return unit.serial, unit.writes
 
     def unit_serial(self) -> int | None:
         """Inside the calling thread's unit of work: a number no other unit
@@ -770,10 +783,11 @@ class PostgresGateway(Gateway):
 class _Unit:
     """The state of one thread's unit of work (``PostgresGateway.unit``)."""
 
-    __slots__ = ("after", "doomed", "serial", "tx")
+    __slots__ = ("after", "doomed", "serial", "tx", "writes")
 
     def __init__(self, serial: int) -> None:
         self.serial = serial
+        self.writes = 0  # writes of the unit ended so far (write_mark)
         self.tx: _Tx | None = None
         self.after: list[Callable[[], object]] = []
         self.doomed: BaseException | None = None
