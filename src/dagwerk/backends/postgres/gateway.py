@@ -711,7 +711,9 @@ class PostgresGateway(Gateway):
         has begun: a mark that a later call returns again only while no
         write of the unit has ended in between. The unit holds its run
         exclusively from its first statement, so what it read of that run
-        in between is still what the database holds. ``None`` elsewhere."""
+        in between is still what the database holds (a unit is for the calls
+        of one run: the store's shortcuts keyed on the mark take reads of
+        the unit's run only). ``None`` elsewhere."""
         unit = self._unit_now()
         if unit is None or unit.tx is None:
             return None
