@@ -21,6 +21,7 @@ connection), and the write's ``COMMIT`` flight found by its text.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
@@ -149,7 +150,7 @@ def _cut(
     fired = rule.fired.is_set()
     if fired:
         assert rule.ended.wait(30), "the server did not end the cut session"
-    cut = case.state()
+    cut = _settled(case)
     if error is None:
         # Not cut, or cut before the server acknowledged anything of the
         # transaction, which was sent again on a new connection.
@@ -164,6 +165,19 @@ def _cut(
     case.call()  # and once more: nothing changes
     assert case.state() == case.after
     return fired, cut
+
+
+def _settled(case: Case) -> object:
+    """The state once two reads in a row agree. The proxy closing the cut
+    session does not wait for the server: a ``COMMIT`` it received before the
+    cut may still be landing, and the state's separate reads could straddle
+    it (the commit itself is atomic, so the next read after it agrees)."""
+    deadline = time.monotonic() + 20
+    seen = case.state()
+    while (again := case.state()) != seen:
+        assert time.monotonic() < deadline, f"the state kept changing: {seen} then {again}"
+        seen = again
+    return seen
 
 
 MAKERS = {"settle": _settle_case, "launch": _launch_case}

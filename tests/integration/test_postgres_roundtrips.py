@@ -127,6 +127,34 @@ def test_a_read_costs_one_round_trip(proxy: DelayProxy, schema: str) -> None:
         assert trips == [2]
 
 
+def test_a_lone_read_sends_its_statement_alone(
+    proxy: DelayProxy, schema: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A one-statement read (``read_one``, e.g. the run's status before a
+    task runs) sends no BEGIN and no COMMIT; its connection is parked and
+    the transactions after it, reads and writes, run as before."""
+    sent: list[bytes] = []
+    execute = psycopg.Connection.execute
+
+    def recording(self: Any, query: Any, *args: Any, **kwargs: Any) -> Any:
+        sent.append(query if isinstance(query, bytes) else str(query).encode())
+        return execute(self, query, *args, **kwargs)
+
+    with PostgresStore(proxy.url, schema=schema) as store:
+        new_run(store, chain(2))
+        monkeypatch.setattr(psycopg.Connection, "execute", recording)
+        for _ in range(2):
+            sent.clear()
+            with proxy.count() as trips:
+                assert store.get_run_status("run-1") is RunStatus.RUNNING
+            assert trips == [1]
+            assert [q.split()[0] for q in sent] == [b"SELECT"], sent
+        with proxy.count() as trips, store._pg.write() as tx:
+            tx.run("run_set_status", {"run_id": "run-1", "old": "running", "new": "pending"})
+        assert trips == [2]  # the statement with its preludes, the COMMIT
+        assert store.get_run_status("run-1") is RunStatus.PENDING
+
+
 def test_deferred_statements_ride_the_next_flight(proxy: DelayProxy, schema: str) -> None:
     with PostgresStore(proxy.url, schema=schema) as store:
         new_run(store, chain(2))

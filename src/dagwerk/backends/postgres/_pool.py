@@ -104,11 +104,13 @@ def send_sync(conn: Conn, pipeline: psycopg.Pipeline) -> bool:
 class Parked:
     """A connection in pipeline mode whose last transaction, a read, has sent
     its ``COMMIT``; ``commit`` is that statement's cursor (its result, or
-    error, arrives with the next flight)."""
+    error, arrives with the next flight), ``None`` after a read of one
+    statement without ``BEGIN`` and ``COMMIT``, whose flight collected
+    everything."""
 
     conn: Conn
     pipeline: psycopg.Pipeline
-    commit: psycopg.Cursor[dict[str, Any]]
+    commit: psycopg.Cursor[dict[str, Any]] | None
 
 
 class Connections:

@@ -103,6 +103,7 @@ class _Tx:
     """
 
     __slots__ = (
+        "_bare",
         "_begun",
         "_committed",
         "_conn",
@@ -120,10 +121,19 @@ class _Tx:
     )
 
     def __init__(
-        self, gateway: PostgresGateway, conn: Conn | Parked, *, write: bool, held: bool = False
+        self,
+        gateway: PostgresGateway,
+        conn: Conn | Parked,
+        *,
+        write: bool,
+        held: bool = False,
+        bare: bool = False,
     ) -> None:
         self._gateway = gateway
         self._write = write
+        # A read of one statement without BEGIN and COMMIT (read_one): the
+        # server runs it in a transaction of its own, one snapshot.
+        self._bare = bare
         # A unit's transaction (PostgresGateway.unit): its first locking
         # block holds the run exclusively, the *_committing calls leave the
         # COMMIT to the unit's end, and while _reading a joined read's
@@ -178,8 +188,9 @@ class _Tx:
         """The connection in pipeline mode, ``BEGIN`` queued if not sent yet."""
         conn = self._pipelined()
         if not self._sent:
-            begin = _BEGIN_WRITE if self._write else _BEGIN_READ
-            conn.execute(begin, prepare=False)
+            if not self._bare:
+                begin = _BEGIN_WRITE if self._write else _BEGIN_READ
+                conn.execute(begin, prepare=False)
             self._sent = True
         return conn
 
@@ -484,6 +495,15 @@ class _Tx:
             connections.release(conn)
             return
         try:
+            if self._bare:
+                # The statement's flight collected everything: nothing to end.
+                pipeline = self._pipeline
+                if pipeline is not None and connections.park(Parked(conn, pipeline, None)):
+                    self._pipeline = None
+                    return
+                self._unpipe()
+                connections.release(conn)
+                return
             self._pipelined()
             commit = conn.execute(b"COMMIT", prepare=False)
             pipeline = self._pipeline
@@ -613,13 +633,13 @@ class PostgresGateway(Gateway):
     # -- transactions -------------------------------------------------------------------
 
     @contextmanager
-    def _transaction(self, *, write: bool) -> Iterator[_Tx]:
+    def _transaction(self, *, write: bool, bare: bool = False) -> Iterator[_Tx]:
         unit = self._unit_now()
         if unit is not None and (write or unit.tx is not None):
             yield from self._joined(unit, write=write)
             return
         deadline = time.monotonic() + self.reconnect_timeout
-        tx = _Tx(self, self.connections.acquire(deadline), write=write)
+        tx = _Tx(self, self.connections.acquire(deadline), write=write, bare=bare)
         try:
             yield tx
         except BaseException:
@@ -738,6 +758,15 @@ class PostgresGateway(Gateway):
     def read(self) -> AbstractContextManager[_Tx]:
         """A REPEATABLE READ READ ONLY snapshot; lock preludes are skipped."""
         return self._transaction(write=False)
+
+    def read_one(self, name: str, params: Params | None = None) -> Row | None:
+        """The first row of one query, read without ``BEGIN`` and ``COMMIT``
+        (two statements fewer): the server runs a lone statement in a
+        transaction of its own, on one snapshot. Inside the calling thread's
+        unit of work, once that has begun, the query runs in the unit's
+        transaction and sees its writes."""
+        with self._transaction(write=False, bare=True) as tx:
+            return tx.one(name, params)
 
     def script(self, conn_tx: _Tx, sql: str) -> None:
         """Run a multi-statement script (a migration) inside ``conn_tx``."""
