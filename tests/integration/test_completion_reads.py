@@ -54,7 +54,9 @@ def test_a_chains_hop_reads_its_frontier_and_snapshot_with_the_completion(
         for n in range(STEPS):
             engine.plugin(f"n{n}")(lambda inputs, ctx: [{"n": 1}])
         run_id = engine.submit(chain(STEPS))
-        worker = engine.worker(concurrency=1)
+        # The attempt monitor's status polls (every cancel_check_interval
+        # while a task runs) would add reads on a slow machine.
+        worker = engine.worker(concurrency=1, cancel_check_interval=600.0)
         assert worker.process_once() == 1  # the root: from its completion on, hops
         transactions.clear()
         hops = STEPS - 2
