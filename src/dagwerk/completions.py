@@ -8,7 +8,9 @@ whose state may have moved is then reconciled once. On a store that offers
 :class:`~dagwerk.store.UnitOfWorkStore` (SQLite) the completions and the
 reconciles they cause (the children's launches) commit together: one commit
 per batch instead of one plus one per launch; the run callbacks fire after
-that commit. Per request this does
+that commit. On a :class:`~dagwerk.store_run_units.RunUnitStore`
+(PostgreSQL) a batch of one run that expects to end a launch
+(``CompletionRequest.ends_launch``) commits the same way. Per request this does
 what ``complete_attempt`` followed by ``ack`` does: outputs refused by the
 store fail the task with the store's text, a stale attempt changes nothing,
 an exact repeat replays the first result and reconciles again (FN-06).
