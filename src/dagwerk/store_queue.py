@@ -189,9 +189,12 @@ class QueueForecastStore(Protocol):
         *,
         queues: Sequence[str] | None = None,
         plugins: Collection[str] | None = None,
+        worker_id: str | None = None,
     ) -> float | None:
         """Seconds until the earliest row not under a live lease, in one of
         ``queues`` and of one of ``plugins`` (``None``: any), becomes
         deliverable: ``0.0`` when one is deliverable now, ``None`` when no
-        such row exists. Read-only."""
+        such row exists. A row under ``worker_id``'s own live lease counts
+        too, as due when that lease ends (a worker that holds no attempt of
+        it then redelivers it). Read-only."""
         ...

@@ -164,12 +164,26 @@ class Project:
     def stderr(self) -> str:
         return self.err_path.read_text(encoding="utf-8")
 
+    def left_over(self) -> str:
+        """What a run that did not complete left: its unfinished tasks, the
+        deliveries and the process's stderr (a failure's diagnosis)."""
+        with closing(sqlite3.connect(self.db)) as conn:
+            tasks = conn.execute(
+                "SELECT task_id, node_index, status, attempt_id FROM dagwerk_tasks"
+                " WHERE status != 'completed'"
+            ).fetchall()
+            deliveries = conn.execute(
+                "SELECT task_id, attempt_id, lease_owner, lease_expires_at, available_at,"
+                " delivery_count FROM dagwerk_deliveries"
+            ).fetchall()
+        return f"tasks {tasks}; deliveries {deliveries}; stderr:\n{self.stderr()}"
+
     def assert_settled_once(self, run_id: str) -> Counter[int]:
         """The run completed with one output per item; the ledger's count of
         executions per item (each item ran at least once)."""
         with Engine(self.url) as engine:
             result = engine.result(run_id)
-        assert result.status is RunStatus.COMPLETED, result.error
+        assert result.status is RunStatus.COMPLETED, (result.error, self.left_over())
         items = sorted(int(str(out.fields["i"])) for out in result.outputs["big"])
         assert items == list(range(self.count))
         runs = Counter(int(line) for line in self.ledger.read_text().split())

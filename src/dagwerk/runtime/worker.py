@@ -450,8 +450,10 @@ class Worker:
     def run_burst(self, horizon: float = DEFAULT_BURST_HORIZON) -> int:
         """Process batches in this thread until nothing this worker serves is
         deliverable now or becomes deliverable within ``horizon`` seconds (a
-        retry on its backoff, a released delivery; rows under another
-        worker's live lease are not waited for); the count handled. Without a
+        retry on its backoff, a released delivery, a row under this worker's
+        own lease that no attempt of it holds any more, such as one a store
+        fault left behind; rows under another worker's live lease are not
+        waited for); the count handled. Without a
         :class:`~dagwerk.store.QueueForecastStore` it stops when idle, as
         :meth:`run_until_idle` does. The worker is recorded as live meanwhile.
 
@@ -498,7 +500,9 @@ class Worker:
         forecast = self.capabilities.forecast
         if forecast is None:
             return None
-        return forecast.next_delivery_in(queues=self.queues, plugins=self.served_plugins())
+        return forecast.next_delivery_in(
+            queues=self.queues, plugins=self.served_plugins(), worker_id=self.worker_id
+        )
 
     def _step(self) -> bool:
         return self.background.step()

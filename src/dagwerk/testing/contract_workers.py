@@ -187,6 +187,10 @@ def test_wp_08_next_delivery_in_forecasts_delayed_rows(
     clean, _ = store.dequeue("w1", limit=2, lease_seconds=30.0)
     # Rows under a live lease are another worker's: not forecast.
     assert store.next_delivery_in() is None
+    assert store.next_delivery_in(worker_id="w2") is None
+    # To the worker that holds them they are due when the lease ends.
+    assert store.next_delivery_in(worker_id="w1") == pytest.approx(30.0)
+    assert store.next_delivery_in(worker_id="w1", plugins=["other"]) is None
     assert store.nack(clean.delivery_id, "w1", delay=7.0)
     assert store.next_delivery_in() == pytest.approx(7.0)
     assert store.next_delivery_in(plugins=["load"]) is None

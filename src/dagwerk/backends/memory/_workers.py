@@ -14,6 +14,7 @@ from dagwerk.store import (
     check_worker_presence,
     validate_plugin_names,
     validate_queue_names,
+    validate_worker_id,
 )
 
 from ._base import MemoryStoreBase
@@ -102,15 +103,24 @@ class WorkersMixin(MemoryStoreBase):
         *,
         queues: Sequence[str] | None = None,
         plugins: Collection[str] | None = None,
+        worker_id: str | None = None,
     ) -> float | None:
         names = validate_queue_names(queues)
         served = validate_plugin_names(plugins)
+        if worker_id is not None:
+            validate_worker_id(worker_id)
         with self._lock:
             now = float(self._clock())
+            # A claim sets available_at to the lease's end: a row under the
+            # asking worker's own lease is due when that lease ends.
             times = [
                 row.available_at
                 for row in self._queue.values()
-                if (row.lease_owner is None or (row.lease_expires_at or 0.0) <= now)
+                if (
+                    row.lease_owner is None
+                    or (row.lease_expires_at or 0.0) <= now
+                    or (worker_id is not None and row.lease_owner == worker_id)
+                )
                 and (names is None or row.queue in names)
                 and (served is None or row.plugin in served)
             ]

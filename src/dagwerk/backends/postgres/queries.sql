@@ -876,8 +876,11 @@ WHERE lease_owner IS NOT NULL AND lease_expires_at <= :now
 ORDER BY lease_expires_at, seq;
 
 -- name: queue_next_due
+-- A claim sets available_at to the lease's end: a row under the asking
+-- worker's own lease is due when that lease ends.
 SELECT min(available_at) AS due FROM dagwerk_deliveries AS d
-WHERE (lease_owner IS NULL OR lease_expires_at <= :now)
+WHERE (lease_owner IS NULL OR lease_expires_at <= :now
+       OR lease_owner = CAST(:worker_id AS text))
   AND (CAST(:queues AS text) IS NULL
        OR queue = ANY (ARRAY(SELECT jsonb_array_elements_text(CAST(:queues AS jsonb)))))
   AND (CAST(:run_id AS text) IS NULL OR run_id = CAST(:run_id AS text))

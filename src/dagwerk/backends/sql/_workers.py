@@ -11,6 +11,7 @@ from dagwerk.store import (
     WorkerRecord,
     check_worker_presence,
     validate_queue_names,
+    validate_worker_id,
 )
 
 from ._base import SqlStoreBase
@@ -84,11 +85,15 @@ class WorkersMixin(SqlStoreBase):
         *,
         queues: Sequence[str] | None = None,
         plugins: Collection[str] | None = None,
+        worker_id: str | None = None,
     ) -> float | None:
         names = validate_queue_names(queues)
         wanted = RowFilter.of(names, plugins, None)
+        if worker_id is not None:
+            validate_worker_id(worker_id)
         with self._gw.read() as tx:
             now = self._now()
-            row = tx.one("queue_next_due", {**wanted.params(None), "now": now})
+            params = {**wanted.params(None), "now": now, "worker_id": worker_id}
+            row = tx.one("queue_next_due", params)
         due = None if row is None else row["due"]
         return None if due is None else max(0.0, float(due) - now)

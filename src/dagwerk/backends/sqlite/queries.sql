@@ -687,8 +687,10 @@ WHERE lease_owner IS NOT NULL AND lease_expires_at <= :now
 ORDER BY lease_expires_at, seq;
 
 -- name: queue_next_due
+-- A claim sets available_at to the lease's end: a row under the asking
+-- worker's own lease is due when that lease ends.
 SELECT min(available_at) AS due FROM dagwerk_deliveries AS d
-WHERE (lease_owner IS NULL OR lease_expires_at <= :now)
+WHERE (lease_owner IS NULL OR lease_expires_at <= :now OR lease_owner = :worker_id)
   AND (:queues IS NULL OR queue IN (SELECT value FROM json_each(:queues)))
   AND (:run_id IS NULL OR run_id = :run_id)
   AND (:plugins IS NULL OR EXISTS (
