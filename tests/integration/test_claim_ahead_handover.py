@@ -27,7 +27,7 @@ def names(monkeypatch: pytest.MonkeyPatch) -> Counter[str]:
     query of a flight of several counted)."""
     seen: Counter[str] = Counter()
     sqlite_execute = sqlite_gateway._Tx._execute
-    pg_call = pg_gateway._Tx._call
+    pg_call = pg_gateway.PostgresTx._call
 
     def on_sqlite(self: Any, name: str, params: Any) -> Any:
         seen[name] += 1
@@ -41,7 +41,7 @@ def names(monkeypatch: pytest.MonkeyPatch) -> Counter[str]:
         return pg_call(self, kind, name, params, rows)
 
     monkeypatch.setattr(sqlite_gateway._Tx, "_execute", on_sqlite)
-    monkeypatch.setattr(pg_gateway._Tx, "_call", on_postgres)
+    monkeypatch.setattr(pg_gateway.PostgresTx, "_call", on_postgres)
     return seen
 
 

@@ -34,7 +34,7 @@ def transactions(monkeypatch: pytest.MonkeyPatch) -> Counter[str]:
     (read, write); one opened and left without a statement costs nothing."""
     seen: Counter[str] = Counter()
     sent: dict[int, object] = {}  # held, so that no id() is reused
-    call = pg_gateway._Tx._call
+    call = pg_gateway.PostgresTx._call
 
     def on_call(self: Any, kind: str, name: str, params: Any, rows: Any = None) -> Any:
         if id(self) not in sent:
@@ -43,7 +43,7 @@ def transactions(monkeypatch: pytest.MonkeyPatch) -> Counter[str]:
         seen[f"call {kind}"] += 1
         return call(self, kind, name, params, rows)
 
-    monkeypatch.setattr(pg_gateway._Tx, "_call", on_call)
+    monkeypatch.setattr(pg_gateway.PostgresTx, "_call", on_call)
     return seen
 
 

@@ -38,13 +38,13 @@ def store(postgres_url: str, pg_schema: str) -> Iterator[PostgresStore]:
 def calls(monkeypatch: pytest.MonkeyPatch) -> list[str]:
     """The names of the blocks the store's transactions run."""
     seen: list[str] = []
-    original = pg_gateway._Tx._call
+    original = pg_gateway.PostgresTx._call
 
     def recording(self: Any, kind: str, name: str, *args: Any) -> Any:
         seen.append(name)
         return original(self, kind, name, *args)
 
-    monkeypatch.setattr(pg_gateway._Tx, "_call", recording)
+    monkeypatch.setattr(pg_gateway.PostgresTx, "_call", recording)
     return seen
 
 

@@ -185,7 +185,7 @@ def test_store_operations_wait_only_for_the_results_they_use(
     result the store reads + 1 for a write's COMMIT (0 for a read's)."""
     waited: list[int] = []
     writes: list[bool] = []
-    original = pg_gateway._Tx._call
+    original = pg_gateway.PostgresTx._call
 
     def counting(self: Any, kind: str, *args: Any) -> Any:
         if kind in ("one", "all", "run"):
@@ -194,7 +194,7 @@ def test_store_operations_wait_only_for_the_results_they_use(
             writes.append(True)
         return original(self, kind, *args)
 
-    monkeypatch.setattr(pg_gateway._Tx, "_call", counting)
+    monkeypatch.setattr(pg_gateway.PostgresTx, "_call", counting)
     with PostgresStore(proxy.url, schema=schema) as store:
         new_run(store, chain(2))
 
@@ -331,13 +331,13 @@ def _launch_recorded(
     the round trips of the child's launch and its calls (kind, block);
     ``then(store)`` runs before the store closes."""
     calls: list[tuple[str, str]] = []
-    original = pg_gateway._Tx._call
+    original = pg_gateway.PostgresTx._call
 
     def recording(self: Any, kind: str, name: str, *args: Any) -> Any:
         calls.append((kind, name))
         return original(self, kind, name, *args)
 
-    monkeypatch.setattr(pg_gateway._Tx, "_call", recording)
+    monkeypatch.setattr(pg_gateway.PostgresTx, "_call", recording)
     launched: list[tuple[list[int], list[tuple[str, str]]]] = []
     with PostgresStore(proxy.url, schema=schema) as store:
         log = _root_completed(store, outputs, run_id=None)

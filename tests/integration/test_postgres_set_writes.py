@@ -217,7 +217,7 @@ def sent(monkeypatch: pytest.MonkeyPatch) -> Sent:
     sets_of = {v.statement.main: name for name, v in SET_WRITES.items()}
     execute = psycopg.Connection.execute
     executemany = psycopg.Cursor.executemany
-    many = pg_gateway._Tx.many
+    many = pg_gateway.PostgresTx.many
 
     def counting_execute(self: Any, query: Any, params: Any = None, **kwargs: Any) -> Any:
         if query in sets_of:
@@ -242,7 +242,7 @@ def sent(monkeypatch: pytest.MonkeyPatch) -> Sent:
 
     monkeypatch.setattr(psycopg.Connection, "execute", counting_execute)
     monkeypatch.setattr(psycopg.Cursor, "executemany", counting_executemany)
-    monkeypatch.setattr(pg_gateway._Tx, "many", counting_many)
+    monkeypatch.setattr(pg_gateway.PostgresTx, "many", counting_many)
     return found
 
 

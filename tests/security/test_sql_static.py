@@ -26,14 +26,14 @@ SQL_WORDS = re.compile(
 
 #: (file, source of the statement argument) -> why it is safe.
 ALLOWED: dict[tuple[str, str], str] = {
-    ("postgres/gateway.py", "prelude"): "a lock prelude of a named block (QUERIES[name].preludes)",
-    ("postgres/gateway.py", "begin"): "BEGIN ... ISOLATION LEVEL, chosen from two literals",
+    ("postgres/_tx.py", "prelude"): "a lock prelude of a named block (QUERIES[name].preludes)",
+    ("postgres/_tx.py", "begin"): "BEGIN ... ISOLATION LEVEL, chosen from two literals",
     (
         "postgres/gateway.py",
         "sql.encode('utf-8')",
     ): "a migration file of the package, run by script()",
-    ("postgres/gateway.py", "f'LISTEN {self._channel}'"): (
-        "one of the module's constant channel names (_Listener refuses any other)"
+    ("postgres/_listen.py", "f'LISTEN {self._channel}'"): (
+        "one of the module's constant channel names (Listener refuses any other)"
     ),
     ("sqlite/gateway.py", "begin"): "BEGIN IMMEDIATE or BEGIN, literals of write()/read()",
     ("sqlite/gateway.py", "buffer"): "a statement of a migration file of the package",

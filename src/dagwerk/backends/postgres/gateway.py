@@ -1,53 +1,40 @@
-"""The PostgreSQL gateway: named queries, pipelined transactions, errors.
+"""The PostgreSQL gateway: the pool, transactions and units of work.
 
-This module, :mod:`~dagwerk.backends.postgres._pool` and
-:mod:`~dagwerk.backends.postgres.errors` are the only places that talk to
-:mod:`psycopg`. Write transactions run at READ COMMITTED and take the row
-locks their lock preludes name (see ``queries.sql``); read transactions are
-REPEATABLE READ READ ONLY snapshots. Statements are pipelined, so a
-transaction costs one round trip per statement whose result it needs plus
-one for a write's ``COMMIT`` (see :class:`_Tx`).
-
-A connection lost before the server acknowledged anything of a transaction
-is replaced and the transaction begun again; a connection lost inside a
-read is replaced and the read replayed on a fresh snapshot (accepted only
-if every statement replayed returns what it returned before); a connection
-lost inside a write surfaces as
-:class:`~dagwerk.backends.errors.StoreUnavailableError`, because the body
-of a write cannot be run twice.
+The backend talks to :mod:`psycopg` in this module and its neighbours only:
+:mod:`~dagwerk.backends.postgres._pool` (connections),
+:mod:`~dagwerk.backends.postgres._tx` (a transaction, its statements
+pipelined, and the named queries), :mod:`~dagwerk.backends.postgres._listen`
+(LISTEN for new work and ended runs) and
+:mod:`~dagwerk.backends.postgres.errors`. Write transactions run at READ
+COMMITTED and take the row locks their lock preludes name (see
+``queries.sql``); read transactions are REPEATABLE READ READ ONLY
+snapshots. A unit of work (:meth:`PostgresGateway.unit`) makes the writes
+and reads of one thread one transaction.
 """
 
 from __future__ import annotations
 
 import itertools
 import logging
-import os
-import selectors
 import threading
 import time
-from collections.abc import Callable, Iterable, Iterator, Sequence
-from contextlib import AbstractContextManager, contextmanager, suppress
-from pathlib import Path
-from typing import Any, cast
+from collections.abc import Callable, Iterator
+from contextlib import AbstractContextManager, contextmanager
+from typing import Any
 
 import psycopg
 from psycopg.conninfo import conninfo_to_dict
 from psycopg.rows import dict_row
 
-from dagwerk.backends.errors import StoreCannotOpenError, StoreUnavailableError
-from dagwerk.backends.sql.gateway import Gateway, Params, Row, load_queries
+from dagwerk.backends.errors import StoreUnavailableError
+from dagwerk.backends.sql.gateway import Gateway, Params, Row
 from dagwerk.errors import DagwerkError
 from dagwerk.store import StoreContractError
 
-from ._pool import Conn, Connections, Parked, enter_pipeline, leave_pipeline, send_sync
-from ._set_writes import SET_WRITES_PATH, SetWrite, load_set_writes
-from ._statements import RUN_LOCK_MODES, Statement, parse_block
-from .errors import (
-    check_params,
-    is_connection_error,
-    lost_connection_error,
-    translate_error,
-)
+from ._listen import NOTIFY_CHANNEL, RUNS_CHANNEL, Listener
+from ._pool import Conn, Connections
+from ._statements import Statement, parse_block
+from ._tx import QUERIES, QUERIES_PATH, SET_WRITES, PostgresTx
 
 __all__ = [
     "NOTIFY_CHANNEL",
@@ -61,496 +48,7 @@ __all__ = [
     "parse_block",
 ]
 
-NOTIFY_CHANNEL = "dagwerk_work"
-RUNS_CHANNEL = "dagwerk_runs"
-
-QUERIES_PATH = Path(__file__).with_name("queries.sql")
-
 _LOG = logging.getLogger("dagwerk.backends.postgres")
-
-_BEGIN_WRITE = b"BEGIN ISOLATION LEVEL READ COMMITTED"
-_BEGIN_READ = b"BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY"
-
-_EXCLUSIVE = RUN_LOCK_MODES["UPDATE"]
-
-
-QUERIES: dict[str, Statement] = {
-    name: parse_block(name, sql) for name, sql in load_queries(QUERIES_PATH).items()
-}
-
-SET_WRITES: dict[str, SetWrite] = load_set_writes(SET_WRITES_PATH, QUERIES)
-"""The set forms of blocks that :meth:`_Tx.many` runs (``set_writes.sql``)."""
-
-
-class _Tx:
-    """One transaction on a pooled connection, its statements pipelined.
-
-    Nothing is sent when the transaction opens. Its ``BEGIN`` travels in the
-    flight of its first statement, a block's lock preludes in the flight of
-    the block, and a write's ``COMMIT`` in a flight of its own; a flight is
-    one round trip (the statements go out back to back in pipeline mode and
-    one Sync collects their results). :meth:`send` and :meth:`many` do not
-    wait: their results, and errors, come with the next flight, at the
-    latest the ``COMMIT``'s, so a failed statement still fails the
-    transaction with its own typed error before anything commits. A read
-    sends its ``COMMIT`` without waiting (see :meth:`commit`).
-
-    A connection lost before the server acknowledged anything of the
-    transaction is replaced and the flight sent again: no ``COMMIT`` was
-    sent, so nothing of it can have committed. A read records each
-    statement and its result, so that after a connection lost later it can
-    replay them on a new snapshot.
-    """
-
-    __slots__ = (
-        "_bare",
-        "_begun",
-        "_committed",
-        "_conn",
-        "_deadline",
-        "_deferred",
-        "_gateway",
-        "_held",
-        "_journal",
-        "_pipeline",
-        "_reading",
-        "_run_lock",
-        "_sent",
-        "_settling",
-        "_write",
-    )
-
-    def __init__(
-        self,
-        gateway: PostgresGateway,
-        conn: Conn | Parked,
-        *,
-        write: bool,
-        held: bool = False,
-        bare: bool = False,
-    ) -> None:
-        self._gateway = gateway
-        self._write = write
-        # A read of one statement without BEGIN and COMMIT (read_one): the
-        # server runs it in a transaction of its own, one snapshot.
-        self._bare = bare
-        # A unit's transaction (PostgresGateway.unit): its first locking
-        # block holds the run exclusively, the *_committing calls leave the
-        # COMMIT to the unit's end, and while _reading a joined read's
-        # blocks run without their lock preludes.
-        self._held = held
-        self._reading = False
-        self._journal: list[tuple[str, str, Params | None, object]] = []
-        self._deadline = time.monotonic() + gateway.reconnect_timeout
-        # _sent: BEGIN has gone out; _begun: the server acknowledged it and
-        # everything sent with it. _deferred: blocks sent since the last
-        # flight, whose results are still due.
-        self._sent = False
-        self._begun = False
-        # The COMMIT went out with the last statement (all_committing).
-        self._committed = False
-        self._deferred: list[str] = []
-        # The run-row lock mode the transaction's first locking block took.
-        self._run_lock = 0
-        self._pipeline: psycopg.Pipeline | None = None
-        # The COMMIT of the read that parked this connection; the first
-        # flight collects its acknowledgement.
-        self._settling: psycopg.Cursor[dict[str, Any]] | None = None
-        self._conn = self._adopt(conn)
-
-    def _adopt(self, conn: Conn | Parked) -> Conn:
-        if isinstance(conn, Parked):
-            self._pipeline, self._settling = conn.pipeline, conn.commit
-            return conn.conn
-        return conn
-
-    # -- pipeline mode ----------------------------------------------------------------
-
-    def _pipelined(self) -> Conn:
-        if self._pipeline is None:
-            self._pipeline = enter_pipeline(self._conn)
-        return self._conn
-
-    def _unpipe(self) -> None:
-        """Leave pipeline mode: one Sync collects every result still due and
-        raises the first error among them."""
-        pipeline, self._pipeline = self._pipeline, None
-        if pipeline is not None:
-            leave_pipeline(self._conn, pipeline)
-
-    def _drop_pipe(self) -> None:
-        with suppress(psycopg.Error):
-            self._unpipe()
-
-    # -- flights ----------------------------------------------------------------------
-
-    def _send_begin(self) -> Conn:
-        """The connection in pipeline mode, ``BEGIN`` queued if not sent yet."""
-        conn = self._pipelined()
-        if not self._sent:
-            if not self._bare:
-                begin = _BEGIN_WRITE if self._write else _BEGIN_READ
-                conn.execute(begin, prepare=False)
-            self._sent = True
-        return conn
-
-    def _send(self, name: str, params: Params | None) -> psycopg.Cursor[dict[str, Any]]:
-        """Queue ``BEGIN`` (the first time), the block's lock preludes (in a
-        write) and its main statement; the main statement's cursor."""
-        statement = QUERIES[name]
-        values = params or {}
-        check_params(name, values, statement.json_params)
-        conn = self._send_begin()
-        if self._write and not self._reading:
-            preludes = statement.preludes
-            if statement.run_lock:
-                if self._held and not self._run_lock:
-                    preludes = statement.exclusive_preludes
-                    self._run_lock = _EXCLUSIVE
-                else:
-                    self._check_run_lock(name, statement.run_lock)
-            for prelude in preludes:
-                conn.execute(prelude, values)
-        return conn.execute(statement.main, values)
-
-    def _check_run_lock(self, name: str, mode: int) -> None:
-        """A transaction keeps the run-lock mode of its first locking block:
-        a stronger one later would wait for the run's sharers (claims,
-        completions), which may be waiting for this transaction's rows."""
-        if not self._run_lock:
-            self._run_lock = mode
-        elif mode > self._run_lock:
-            raise AssertionError(
-                f"query {name!r} would upgrade the transaction's run lock "
-                f"(mode {self._run_lock} to {mode}; see queries.sql, Locking)"
-            )
-
-    def _sync(self) -> None:
-        """Wait for every result sent so far: one round trip."""
-        pipeline = self._pipeline
-        assert pipeline is not None
-        pipeline.sync()
-        self._begun = True
-        self._settling = None
-        self._deferred.clear()
-
-    def _flight(
-        self, kind: str, name: str, params: Params | None, rows: list[Params] | None = None
-    ) -> Any:
-        """Send one block; wait for its result unless ``kind`` is ``send``,
-        ``many`` or ``rows`` (a block's set form, see :meth:`many`), which
-        wait only as the transaction's first flight (so that a connection
-        lost there still means that nothing of it ran)."""
-        if kind in ("send", "many", "rows"):
-            if kind == "many":
-                with self._send_begin().cursor() as cursor:
-                    cursor.executemany(QUERIES[name].main, rows or [])
-            elif kind == "rows":
-                statement = SET_WRITES[name].statement
-                self._send_begin().execute(statement.main, params)
-            else:
-                self._send(name, params)
-            self._deferred.append(name)
-            if not self._begun:
-                self._sync()
-            return None
-        if kind == "begin":
-            self._send_begin()
-            self._sync()
-            return None
-        if kind in ("all_commit", "all_of_commit"):
-            queries = (
-                cast("list[tuple[str, Params]]", rows)
-                if kind == "all_of_commit"
-                else [(name, params)]
-            )
-            cursors = [self._send(query, values) for query, values in queries]
-            self._send_begin().execute(b"COMMIT", prepare=False)
-            self._committed = True
-            # Leaving pipeline mode is the flight's one Sync (a Sync and then
-            # leaving would cost a second round trip).
-            self._unpipe()
-            self._begun = True
-            self._settling = None
-            self._deferred.clear()
-            found = [each.fetchall() for each in cursors]
-            return found if kind == "all_of_commit" else found[0]
-        if kind == "all_of":
-            queries = cast("list[tuple[str, Params]]", rows)
-            cursors = [self._send(query, values) for query, values in queries]
-            self._sync()
-            results = [each.fetchall() for each in cursors]
-            if not self._write:
-                self._journal.extend(
-                    ("all", query, values, found)
-                    for (query, values), found in zip(queries, results, strict=True)
-                )
-            return results
-        cursor = self._send(name, params)
-        self._sync()
-        result: object
-        if kind == "one":
-            result = cursor.fetchone()
-        elif kind == "all":
-            result = cursor.fetchall()
-        else:
-            result = cursor.rowcount
-        if not self._write:
-            self._journal.append((kind, name, params, result))
-        return result
-
-    def _attempt(
-        self, kind: str, name: str, params: Params | None, rows: list[Params] | None = None
-    ) -> Any:
-        """:meth:`_flight`, sent again on another connection while the server
-        has acknowledged nothing of this transaction and the connection is
-        lost, or the ``COMMIT`` of the read that parked it failed (the
-        connection is thrown away with whatever the flight began on it,
-        which had not committed)."""
-        while True:
-            fresh = not self._begun
-            settling = self._settling
-            try:
-                return self._flight(kind, name, params, rows)
-            except psycopg.Error as exc:
-                stale = settling is not None and settling.pgresult is None
-                if (
-                    not fresh
-                    or self._committed
-                    or not (stale or is_connection_error(exc, self._conn))
-                    or time.monotonic() >= self._deadline
-                ):
-                    raise
-                self._replace_connection()
-
-    def _replace_connection(self) -> None:
-        self._drop_pipe()
-        self._settling = None
-        self._sent = self._begun = False
-        self._deferred.clear()
-        connections = self._gateway.connections
-        connections.discard(self._conn)
-        self._conn = self._adopt(connections.acquire(self._deadline))
-
-    def _context(self, name: str | None) -> str:
-        names = list(dict.fromkeys([*self._deferred, *([name] if name else [])]))
-        if not names:
-            return "commit failed"
-        return "query " + " or ".join(repr(n) for n in names) + " failed"
-
-    def error(self, exc: psycopg.Error, context: str) -> DagwerkError:
-        """The typed error of ``exc``: a lost connection names the server and
-        what became of the transaction."""
-        if not is_connection_error(exc, self._conn):
-            return translate_error(exc, context)
-        if self._committed:
-            fate = "the write may or may not have been applied"
-        elif self._write:
-            fate = "the transaction was rolled back: nothing of it was applied"
-        else:
-            fate = "retry the call"
-        return lost_connection_error(exc, self._gateway.connections.where, fate)
-
-    def _call(
-        self, kind: str, name: str, params: Params | None, rows: list[Params] | None = None
-    ) -> Any:
-        try:
-            return self._attempt(kind, name, params, rows)
-        except psycopg.Error as exc:
-            if self._write or not is_connection_error(exc, self._conn):
-                raise self.error(exc, self._context(name)) from exc
-            cause = exc
-        # A read lost its connection after its snapshot began: replay what it
-        # has seen on a new snapshot, and go on only if nothing changed.
-        journal, self._journal = self._journal, []
-        self._deadline = time.monotonic() + self._gateway.reconnect_timeout
-        self._replace_connection()
-        try:
-            for kind_seen, name_seen, params_seen, result in journal:
-                if self._attempt(kind_seen, name_seen, params_seen) != result:
-                    raise StoreUnavailableError(
-                        "the connection was lost during a read and the data changed before it "
-                        "could be repeated; retry the call"
-                    ) from cause
-            return self._attempt(kind, name, params, rows)
-        except psycopg.Error as again:
-            raise self.error(again, f"query {name!r} failed after a lost connection") from again
-
-    # -- the Tx protocol ------------------------------------------------------------------
-
-    def one(self, name: str, params: Params | None = None) -> Row | None:
-        row: Row | None = self._call("one", name, params)
-        return row
-
-    def all(self, name: str, params: Params | None = None) -> list[Row]:
-        rows: list[Row] = self._call("all", name, params)
-        return rows
-
-    def all_of(self, queries: Sequence[tuple[str, Params]]) -> list[list[Row]]:
-        """Several reads (each with its lock preludes) in one flight."""
-        listed = list(queries)
-        if not listed:
-            return []
-        names = " and ".join(dict.fromkeys(name for name, _ in listed))
-        found: list[list[Row]] = self._call("all_of", names, None, cast("list[Params]", listed))
-        return found
-
-    def run(self, name: str, params: Params | None = None) -> int:
-        count: int = self._call("run", name, params)
-        return count
-
-    def all_committing(self, name: str, params: Params | None = None) -> list[Row]:
-        """Every row of a write's last block, sent with the transaction's
-        ``COMMIT`` in one flight: the rows come back once the ``COMMIT`` is
-        acknowledged, and nothing may follow on the transaction. A failed
-        block commits nothing (the server skips the ``COMMIT`` after it). A
-        connection lost during the flight is not replaced, since the
-        ``COMMIT`` may have been applied: :class:`StoreUnavailableError`."""
-        if not self._write or self._committed:
-            raise AssertionError("all_committing is the last call of a write")
-        rows: list[Row] = self._call("all" if self._held else "all_commit", name, params)
-        return rows
-
-    def all_of_committing(self, queries: Sequence[tuple[str, Params]]) -> list[list[Row]]:
-        """Several reads as a write's last blocks, in the flight of its
-        ``COMMIT`` (as :meth:`all_committing`)."""
-        if not self._write or self._committed:
-            raise AssertionError("all_of_committing is the last call of a write")
-        listed = list(queries)
-        names = " and ".join(dict.fromkeys(name for name, _ in listed))
-        found: list[list[Row]] = self._call(
-            "all_of" if self._held else "all_of_commit", names, None, cast("list[Params]", listed)
-        )
-        return found
-
-    def joined(self, *, reading: bool) -> None:
-        """The unit's transaction enters a call of the unit: a read
-        (``reading``, its blocks' lock preludes skipped) or a write."""
-        self._reading = reading
-
-    def send(self, name: str, params: Params | None = None) -> None:
-        """Execute a block (with its lock preludes) whose row count the caller
-        does not need, without waiting: it travels with the next flight, and
-        an error it raises is raised by that flight's call (at the latest the
-        commit) with the same type, before anything commits."""
-        self._call("send", name, params)
-
-    def many(self, name: str, rows: Iterable[Params]) -> None:
-        """Execute a statement once per parameter set, in order, without
-        waiting (as :meth:`send`).
-
-        A block with a set form (``set_writes.sql``) sends all the rows in
-        one statement when that does the same as one statement per row (see
-        :meth:`SetWrite.segments`); every row is checked the same way either way.
-        """
-        statement = QUERIES[name]
-        if statement.preludes:
-            raise ValueError(f"query {name!r} has a lock prelude; run it with run()")
-        checked = [_checked(statement, row) for row in rows]
-        if not checked:
-            return
-        variant = SET_WRITES.get(name)
-        segments = None if variant is None else variant.segments(checked)
-        if segments is None:
-            self._call("many", name, None, checked)
-            return
-        for segment in segments:
-            if isinstance(segment, str):
-                self._call("rows", name, {"rows": segment})
-            else:
-                self._call("many", name, None, segment)
-
-    # -- ending ---------------------------------------------------------------------------
-
-    def plain(self) -> Conn:
-        """The connection out of pipeline mode, inside this transaction (for a
-        multi-statement script, which pipeline mode cannot carry)."""
-        try:
-            if not self._begun:
-                self._attempt("begin", "", None)
-            self._unpipe()
-        except psycopg.Error as exc:
-            raise self.error(exc, self._context(None)) from exc
-        return self._conn
-
-    def commit(self) -> None:
-        """Commit and give the connection back.
-
-        A write waits for the server's acknowledgement of its ``COMMIT``. A
-        read has nothing to make durable: it sends its ``COMMIT`` and a Sync
-        (the server ends the snapshot and goes idle when they arrive) and
-        parks the connection, and the next transaction on it collects the
-        acknowledgement in its first flight. The read waits instead when the
-        connection cannot be parked (a thread waits for one) or the bytes
-        could not be handed to the socket at once.
-        """
-        conn = self._conn
-        connections = self._gateway.connections
-        if not self._sent:
-            self._drop_pipe()
-            connections.release(conn)
-            return
-        if self._committed:
-            # all_committing's flight carried the COMMIT and its acknowledgement.
-            connections.release(conn)
-            return
-        try:
-            if self._bare:
-                # The statement's flight collected everything: nothing to end.
-                pipeline = self._pipeline
-                if pipeline is not None and connections.park(Parked(conn, pipeline, None)):
-                    self._pipeline = None
-                    return
-                self._unpipe()
-                connections.release(conn)
-                return
-            self._pipelined()
-            commit = conn.execute(b"COMMIT", prepare=False)
-            pipeline = self._pipeline
-            if (
-                not self._write
-                and not self._deferred
-                and pipeline is not None
-                and send_sync(conn, pipeline)
-                and connections.park(Parked(conn, pipeline, commit))
-            ):
-                self._pipeline = None
-                return
-            self._unpipe()
-        except psycopg.Error as exc:
-            lost = is_connection_error(exc, conn)
-            context = self._context(None)
-            self._drop_pipe()
-            connections.release_after_error(conn)
-            if not self._write and lost:
-                # Every statement of the read has returned from its snapshot;
-                # its results stand without the acknowledgement.
-                return
-            if lost:
-                self._committed = True  # the COMMIT went out
-            raise self.error(exc, context) from exc
-        connections.release(conn)
-
-    def abort(self) -> None:
-        """Roll back (if anything was sent) and give the connection back."""
-        conn = self._conn
-        if self._sent and self._pipeline is not None and not (conn.closed or conn.broken):
-            # Ride the flight that collects the pending results; if an error
-            # aborted the pipeline the server skips it, and the plain
-            # ROLLBACK of release_after_error runs instead.
-            with suppress(psycopg.Error):
-                conn.execute(b"ROLLBACK", prepare=False)
-        self._drop_pipe()
-        self._gateway.connections.release_after_error(conn)
-
-
-def _checked(statement: Statement, row: Params) -> Params:
-    check_params(statement.name, row, statement.json_params)
-    return row
-
-
-PostgresTx = _Tx
-"""The transaction ``PostgresGateway.write()`` and ``read()`` open."""
 
 
 class PostgresGateway(Gateway):
@@ -594,9 +92,8 @@ class PostgresGateway(Gateway):
             open_timeout=open_timeout,
         )
         # Notifications carry the schema of the queue that changed.
-        self.notify_payload: str | None = schema
-        self._work = _Listener(self, NOTIFY_CHANNEL)
-        self._runs = _Listener(self, RUNS_CHANNEL)
+        self._work = Listener(self.connections, NOTIFY_CHANNEL, schema)
+        self._runs = Listener(self.connections, RUNS_CHANNEL, schema)
         self._units = threading.local()
         self._serials = itertools.count(1)
 
@@ -630,16 +127,26 @@ class PostgresGateway(Gateway):
             deadline = time.monotonic() + self.reconnect_timeout
         return self.connections.connect(deadline)
 
+    @property
+    def notify_payload(self) -> str | None:
+        """The payload of the notifications this gateway's waits answer to:
+        the schema of the queue that changed (the store sets it once it
+        knows its schema)."""
+        return self._work.payload
+
+    @notify_payload.setter
+    def notify_payload(self, payload: str | None) -> None:
+        self._work.payload = self._runs.payload = payload
+
     # -- transactions -------------------------------------------------------------------
 
     @contextmanager
-    def _transaction(self, *, write: bool, bare: bool = False) -> Iterator[_Tx]:
+    def _transaction(self, *, write: bool, bare: bool = False) -> Iterator[PostgresTx]:
         unit = self._unit_now()
         if unit is not None and (write or unit.tx is not None):
             yield from self._joined(unit, write=write)
             return
-        deadline = time.monotonic() + self.reconnect_timeout
-        tx = _Tx(self, self.connections.acquire(deadline), write=write, bare=bare)
+        tx = self._open(write=write, bare=bare)
         try:
             yield tx
         except BaseException:
@@ -647,19 +154,27 @@ class PostgresGateway(Gateway):
             raise
         tx.commit()
 
+    def _open(self, *, write: bool, held: bool = False, bare: bool = False) -> PostgresTx:
+        """A transaction on a connection of the pool (waiting for one up to
+        the reconnect timeout)."""
+        deadline = time.monotonic() + self.reconnect_timeout
+        conn = self.connections.acquire(deadline)
+        return PostgresTx(
+            self.connections, self.reconnect_timeout, conn, write=write, held=held, bare=bare
+        )
+
     # -- units of work --------------------------------------------------------------------
 
     def _unit_now(self) -> _Unit | None:
         unit: _Unit | None = getattr(self._units, "unit", None)
         return unit
 
-    def _joined(self, unit: _Unit, *, write: bool) -> Iterator[_Tx]:
+    def _joined(self, unit: _Unit, *, write: bool) -> Iterator[PostgresTx]:
         if unit.doomed is not None:
             raise _doomed_error(unit.doomed)
         tx = unit.tx
         if tx is None:
-            deadline = time.monotonic() + self.reconnect_timeout
-            tx = unit.tx = _Tx(self, self.connections.acquire(deadline), write=True, held=True)
+            tx = unit.tx = self._open(write=True, held=True)
         tx.joined(reading=not write)
         try:
             yield tx
@@ -751,11 +266,11 @@ class PostgresGateway(Gateway):
         unit = self._unit_now()
         return unit is None or unit.tx is None
 
-    def write(self) -> AbstractContextManager[_Tx]:
+    def write(self) -> AbstractContextManager[PostgresTx]:
         """A READ COMMITTED transaction whose lock preludes run."""
         return self._transaction(write=True)
 
-    def read(self) -> AbstractContextManager[_Tx]:
+    def read(self) -> AbstractContextManager[PostgresTx]:
         """A REPEATABLE READ READ ONLY snapshot; lock preludes are skipped."""
         return self._transaction(write=False)
 
@@ -768,7 +283,7 @@ class PostgresGateway(Gateway):
         with self._transaction(write=False, bare=True) as tx:
             return tx.one(name, params)
 
-    def script(self, conn_tx: _Tx, sql: str) -> None:
+    def script(self, conn_tx: PostgresTx, sql: str) -> None:
         """Run a multi-statement script (a migration) inside ``conn_tx``."""
         try:
             conn = conn_tx.plain()
@@ -819,7 +334,7 @@ class _Unit:
     def __init__(self, serial: int) -> None:
         self.serial = serial
         self.writes = 0  # writes of the unit ended so far (write_mark)
-        self.tx: _Tx | None = None
+        self.tx: PostgresTx | None = None
         self.after: list[Callable[[], object]] = []
         self.doomed: BaseException | None = None
 
@@ -835,89 +350,3 @@ def _doomed_error(cause: BaseException) -> DagwerkError:
     if isinstance(cause, StoreUnavailableError):
         return StoreUnavailableError(text)
     return StoreContractError(text)
-
-
-class _Listener:
-    """One connection that LISTENs on ``channel`` for this gateway's schema,
-    opened by the first wait of this process and kept."""
-
-    def __init__(self, gateway: PostgresGateway, channel: str) -> None:
-        if channel not in (NOTIFY_CHANNEL, RUNS_CHANNEL):
-            raise ValueError(f"unknown channel {channel!r}")  # it becomes SQL text
-        self._gateway = gateway
-        self._channel = channel
-        self._conn: Conn | None = None
-        self._pid = 0
-        self._lock = threading.Lock()
-
-    def wait(self, timeout: float) -> bool:
-        if not self._lock.acquire(timeout=max(0.0, timeout)):
-            return False
-        try:
-            return self._wait_locked(timeout)
-        finally:
-            self._lock.release()
-
-    def _wait_locked(self, timeout: float) -> bool:
-        listener = self._conn
-        if listener is None or listener.closed or self._pid != os.getpid():
-            self._conn = None
-            try:
-                listener = self._gateway.connect(time.monotonic() + max(0.0, timeout))
-            except StoreCannotOpenError:
-                raise
-            except StoreUnavailableError:
-                # The server stayed out of reach for the whole wait: say
-                # "maybe", so the caller looks (and its own call reports
-                # the fault).
-                return True
-            try:
-                listener.execute(f"LISTEN {self._channel}")
-            except psycopg.Error as exc:
-                with suppress(psycopg.Error):
-                    listener.close()
-                raise translate_error(exc, f"cannot listen on {self._channel}") from exc
-            self._conn, self._pid = listener, os.getpid()
-            return True
-        deadline = time.monotonic() + max(0.0, timeout)
-        payload = self._gateway.notify_payload
-        try:
-            while True:
-                # What has arrived, without waiting.
-                for notify in listener.notifies(timeout=0.0):
-                    if notify.payload == payload:
-                        return True
-                remaining = deadline - time.monotonic()
-                if remaining <= 0:
-                    return False
-                # The wait itself is the kernel's. psycopg's timed wait polls
-                # in whole milliseconds and spins through the last one: ~1 ms
-                # of CPU per timed-out wait, which an idle worker repeats at
-                # every poll interval.
-                _readable(listener.fileno(), remaining)
-        except psycopg.Error as exc:
-            # A lost listener is reopened by the next call; meanwhile say
-            # "maybe", so the caller looks instead of sleeping.
-            self._close()
-            if is_connection_error(exc, listener):
-                return True
-            raise translate_error(exc, f"waiting on {self._channel} failed") from exc
-
-    def _close(self) -> None:
-        listener, self._conn = self._conn, None
-        if listener is not None and self._pid == os.getpid():
-            with suppress(psycopg.Error):
-                listener.close()
-
-    def close(self) -> None:
-        with self._lock:
-            self._close()
-
-
-def _readable(fd: int, timeout: float) -> None:
-    """Block until ``fd`` is readable or ``timeout`` seconds have passed (the
-    platform's selector; epoll rounds the timeout up to a whole millisecond,
-    never down)."""
-    with selectors.DefaultSelector() as selector:
-        selector.register(fd, selectors.EVENT_READ)
-        selector.select(timeout)
