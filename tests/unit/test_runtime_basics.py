@@ -10,6 +10,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+import dagwerk
+from dagwerk.engine import Engine
+from dagwerk.engine import _plugins as engine_plugins
 from dagwerk.errors import DagwerkError
 from dagwerk.models import EmittedOutput, TaskInputs
 from dagwerk.runtime.clock import FakeClock, SystemClock
@@ -112,6 +115,24 @@ def test_registry_registers_looks_up_and_rejects_unknown() -> None:
     assert info.value.code == "plugin_unknown"
     with pytest.raises(DagwerkError):
         registry.register("c", lambda i, c: None, timeout_seconds=0)
+
+
+def test_the_plugins_a_worker_serves_follow_every_registration(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A worker asks for its served plugins at every claim; a plugin
+    # registered later (on the engine, or with dagwerk.plugin in the default
+    # registry) is served from then on.
+    monkeypatch.setattr(engine_plugins, "DEFAULT_REGISTRY", PluginRegistry())
+    with Engine("memory://", execution_root=tmp_path) as engine:
+        worker = engine.worker()
+        assert worker.served_plugins() == frozenset()
+        engine.plugin("later")(lambda inputs, ctx: None)
+        assert worker.served_plugins() == {"later"}
+        dagwerk.plugin("from_default")(lambda inputs, ctx: None)
+        assert worker.served_plugins() == {"later", "from_default"}
+        engine.plugin("last")(lambda inputs, ctx: None)
+        assert worker.served_plugins() == {"later", "from_default", "last"}
 
 
 # --- retry policy ------------------------------------------------------------

@@ -127,6 +127,9 @@ class EngineRegistry(PluginRegistry):
     dotted module names are accepted, never file paths).
     """
 
+    _union: tuple[frozenset[str], frozenset[str], frozenset[str]] | None = None
+    """The two registries' names (as :meth:`names` last saw them) and their union."""
+
     def get(self, name: str) -> PluginSpec:
         if super().__contains__(name):
             return super().get(name)
@@ -158,7 +161,11 @@ class EngineRegistry(PluginRegistry):
     def names(self) -> frozenset[str]:
         """This registry's names, the default registry's, and every import
         path resolved so far."""
-        return super().names() | DEFAULT_REGISTRY.names()
+        own, default = super().names(), DEFAULT_REGISTRY.names()
+        union = self._union
+        if union is None or union[0] is not own or union[1] is not default:
+            union = self._union = (own, default, own | default)
+        return union[2]
 
 
 @dataclass(frozen=True, slots=True)

@@ -52,6 +52,9 @@ class PluginRegistry:
 
     def __init__(self, plugins: Mapping[str, PluginFn] | None = None) -> None:
         self._specs: dict[str, PluginSpec] = {}
+        # names() as of a registration count: a worker asks at every claim.
+        self._registrations = 0
+        self._names: tuple[int, frozenset[str]] = (0, frozenset())
         for name, fn in (plugins or {}).items():
             self.register(name, fn)
 
@@ -75,6 +78,7 @@ class PluginRegistry:
             )
         spec = PluginSpec(name, fn, retry or RetryPolicy(), timeout_seconds, cost)
         self._specs[name] = spec
+        self._registrations += 1
         return spec
 
     def plugin(
@@ -106,7 +110,12 @@ class PluginRegistry:
     def names(self) -> frozenset[str]:
         """Every name this registry resolves without importing anything: the
         plugins a worker over it serves."""
-        return frozenset(self._specs)
+        registrations = self._registrations
+        seen, names = self._names
+        if seen != registrations:
+            names = frozenset(self._specs)
+            self._names = (registrations, names)
+        return names
 
     def __iter__(self) -> Iterator[str]:
         return iter(self._specs)

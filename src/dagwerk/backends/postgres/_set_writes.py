@@ -1,6 +1,6 @@
 """Set-based forms of the gateway's per-row statements (``set_writes.sql``).
 
-:meth:`Tx.many <dagwerk.backends.postgres.gateway._Tx.many>` runs a block
+:meth:`PostgresTx.many <dagwerk.backends.postgres._tx.PostgresTx.many>` runs a block
 once per parameter set. On PostgreSQL a pipelined executemany costs client
 work per row (every row is bound, queued and its result collected), which
 made a busy worker CPU-bound on the client. For the blocks the worker's

@@ -87,7 +87,10 @@ def check_params(
     (which also covers integers too long to print)."""
     for key, value in params.items():
         if isinstance(value, str):
-            if "\x00" in value or (key in json_params and _JSON_NUL.search(value)):
+            if "\x00" in value or (
+                # The substring test first: the pattern tries every position.
+                key in json_params and "\\u0000" in value and _JSON_NUL.search(value)
+            ):
                 _reject(name, key, "contains a NUL character, which PostgreSQL text cannot hold")
         elif isinstance(value, int) and value not in _INT64:
             _reject(name, key, "is outside the 64-bit integer range of the store")

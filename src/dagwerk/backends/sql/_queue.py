@@ -7,6 +7,7 @@ comparison finds every deliverable row.
 
 from __future__ import annotations
 
+import functools
 import json
 import time
 from collections.abc import Collection, Mapping, Sequence
@@ -480,9 +481,22 @@ class RowFilter:
         plugins: Collection[str] | None,
         prefer_run: str | None,
     ) -> RowFilter:
+        if isinstance(plugins, frozenset) or plugins is None:
+            # A worker's served plugins, the same set at every claim: the
+            # checked, sorted JSON list is made once per set.
+            return _row_filter(None if queues is None else tuple(queues), plugins, prefer_run)
+        return cls._made(queues, plugins, prefer_run)
+
+    @classmethod
+    def _made(
+        cls,
+        queues: Sequence[str] | None,
+        plugins: Collection[str] | None,
+        prefer_run: str | None,
+    ) -> RowFilter:
         served = validate_plugin_names(plugins)
         return cls(
-            None if queues is None else json.dumps(queues),
+            None if queues is None else json.dumps(list(queues)),
             None if served is None else json.dumps(served),
             validate_run_preference(prefer_run),
         )
@@ -493,6 +507,13 @@ class RowFilter:
 
     def params(self, run_id: str | None) -> dict[str, object]:
         return {"queues": self.queues, "plugins": self.plugins, "run_id": run_id}
+
+
+@functools.lru_cache(maxsize=64)
+def _row_filter(
+    queues: tuple[str, ...] | None, plugins: frozenset[str] | None, prefer_run: str | None
+) -> RowFilter:
+    return RowFilter._made(queues, plugins, prefer_run)
 
 
 def _leased(row: Row, worker_id: str, expires: float) -> LeasedDelivery:
