@@ -78,7 +78,9 @@ def test_a_chains_hop_reads_its_frontier_and_snapshot_with_the_completion(
                 "call one": hops,
                 "call all_of": 2 * hops,
                 "call all": hops,
-                "call many": 9 * hops,  # writes sent without waiting
+                # Writes sent without waiting: the completion's five in one
+                # statement, the launch's four in another.
+                "call together": 2 * hops,
             }
         ), transactions
         worker.run_until_idle()

@@ -401,8 +401,15 @@ def test_a_large_launch_sends_its_rows_in_slices_without_waiting_for_them(
             monkeypatch.undo()
             with _admin(proxy.url, "public") as conn:
                 conn.execute(f'DROP SCHEMA IF EXISTS "{name}" CASCADE')
-        inserts = [name for _, name in made if name in ("task_insert", "delivery_insert")]
+        # Each slice's writes go together, as one statement (many_of).
+        parts = [
+            part.removesuffix(" (set)")
+            for kind, label in made
+            for part in (label.split(" + ") if kind == "together" else [label])
+        ]
+        inserts = [name for name in parts if name in ("task_insert", "delivery_insert")]
         assert inserts == ["task_insert", "delivery_insert"] * 3, made
+        assert [kind for kind, label in made if "task_insert" in label] == ["together"] * 3
         extra.append(trips[0] - (len(_waited(made)) + 1))
         if extra[-1] == 0:
             break

@@ -31,7 +31,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from dagwerk.backends.errors import StoreUnavailableError
-from dagwerk.backends.postgres import PostgresStore, _set_writes
+from dagwerk.backends.postgres import PostgresStore, _set_writes, _tx
 from dagwerk.backends.postgres import gateway as pg_gateway
 from dagwerk.backends.postgres._set_writes import load_set_writes
 from dagwerk.backends.postgres._statements import statement_params
@@ -95,7 +95,8 @@ def test_the_worker_cycles_batched_blocks_have_set_forms() -> None:
 def test_every_set_form_stands_for_a_block_that_many_runs() -> None:
     """A set form no many() call uses would be dead code nobody tests."""
     code = "\n".join(path.read_text() for path in SQL.glob("*.py"))
-    used = set(re.findall(r"\.many\(\s*\"([a-z_0-9]+)\"", code))
+    # Called as tx.many("name", ...), or as a ("name", rows) call of many_of.
+    used = set(re.findall(r"(?:\.many\(|\.append\(\(|= \[\()\s*\"([a-z_0-9]+)\"", code))
     assert sorted(set(SET_WRITES) - used) == []
 
 
@@ -217,10 +218,13 @@ def sent(monkeypatch: pytest.MonkeyPatch) -> Sent:
     sets_of = {v.statement.main: name for name, v in SET_WRITES.items()}
     execute = psycopg.Connection.execute
     executemany = psycopg.Cursor.executemany
-    many = pg_gateway.PostgresTx.many
+    many, many_of = pg_gateway.PostgresTx.many, pg_gateway.PostgresTx.many_of
 
     def counting_execute(self: Any, query: Any, params: Any = None, **kwargs: Any) -> Any:
-        if query in sets_of:
+        together = {main: label for label, main in _tx._TOGETHER.items()}
+        if query in together:
+            found.statements.append((together[query], "together", 1))
+        elif query in sets_of:
             rows = len(json.loads(params["rows"]))
             found.statements.append((sets_of[query], "set", rows))
         elif query in rows_of:
@@ -240,7 +244,18 @@ def sent(monkeypatch: pytest.MonkeyPatch) -> Sent:
         finally:
             found.calls.append((name, len(rows), len(found.statements) - before))
 
+    def counting_many_of(self: Any, calls: Any) -> None:
+        calls = [(name, list(rows)) for name, rows in calls]
+        before, seen = len(found.statements), len(found.calls)
+        try:
+            many_of(self, calls)
+        finally:
+            if len(found.calls) == seen and len(found.statements) == before + 1:
+                # One statement for all the calls: each call's rows went in it.
+                found.calls.extend((name, len(rows), 1) for name, rows in calls if rows)
+
     monkeypatch.setattr(psycopg.Connection, "execute", counting_execute)
+    monkeypatch.setattr(pg_gateway.PostgresTx, "many_of", counting_many_of)
     monkeypatch.setattr(psycopg.Cursor, "executemany", counting_executemany)
     monkeypatch.setattr(pg_gateway.PostgresTx, "many", counting_many)
     return found
@@ -248,13 +263,21 @@ def sent(monkeypatch: pytest.MonkeyPatch) -> Sent:
 
 @contextmanager
 def per_row() -> Iterator[None]:
-    """Run every many() call per row, without the set forms."""
-    saved = pg_gateway.SET_WRITES
-    pg_gateway.SET_WRITES = {}
+    """Run every many() call per row, without the set forms, and every
+    many_of() call as its many() calls, one after another."""
+    saved, together = _tx.SET_WRITES, _tx.PostgresTx.many_of
+
+    def one_by_one(self: Any, calls: Any) -> None:
+        for name, rows in calls:
+            self.many(name, rows)
+
+    _tx.SET_WRITES = {}
+    _tx.PostgresTx.many_of = one_by_one  # type: ignore[method-assign]
     try:
         yield
     finally:
-        pg_gateway.SET_WRITES = saved
+        _tx.SET_WRITES = saved
+        _tx.PostgresTx.many_of = together  # type: ignore[method-assign]
 
 
 def _dump(store: PostgresStore) -> dict[str, list[tuple[object, ...]]]:
@@ -662,6 +685,113 @@ def test_rows_that_share_a_key_run_per_row_in_order(
         assert sent.per_row(name), name
 
 
+# --- several blocks' writes as one statement (many_of) ---------------------------------------
+
+
+def _output(output_id: str) -> dict[str, object]:
+    return {
+        "run_id": "run-1",
+        "output_id": output_id,
+        "node_index": 0,
+        "fields": "{}",
+        "data": "{}",
+        "correlation_id": None,
+        "routing_size": 2,
+    }
+
+
+def _writes_of_three_tables(store: PostgresStore) -> object:
+    """One row and two-row calls of three tables in one many_of; what they left."""
+    rows = _lease_rows(store, [2.0, 3.0])
+    with store._pg.write() as tx:
+        tx.many_of(
+            [
+                ("output_insert", [_output("o-1"), _output("o-2")]),
+                ("node_bump", [{"run_id": "run-1", "node_index": 1}]),
+                ("queue_lease", rows),
+            ]
+        )
+    with store._pg.read() as tx:
+        return (
+            sorted(
+                (row["node_index"], row["revision"])
+                for row in tx.all("nodes_of_run", {"run_id": "run-1"})
+            ),
+            sorted(
+                (row["delivery_id"], row["lease_owner"], row["delivery_count"])
+                for row in tx.all("deliveries_list", {"run_id": "run-1"})
+            ),
+            sorted(store.resolve_outputs("run-1", ("o-1", "o-2"))),
+        )
+
+
+def test_writes_of_different_tables_go_as_one_statement(
+    make_store: Callable[..., PostgresStore], sent: Sent
+) -> None:
+    """A many_of of one-row and set calls sends one statement, which writes
+    what the calls write one after another, per row."""
+    sent.statements.clear()
+    _, done = _both(make_store, _started, _writes_of_three_tables)
+    assert isinstance(done, tuple), done
+    revisions, deliveries, outputs = done
+    assert dict(revisions)[1] == 1
+    assert [(d, owner, count) for d, owner, count in deliveries if d.startswith("d-")] == [
+        ("d-0", "w", 1),
+        ("d-1", "w", 1),
+    ]
+    assert outputs == ["o-1", "o-2"]
+    together = [block for block, kind, _ in sent.statements if kind == "together"]
+    assert together.count("output_insert (set) + node_bump + queue_lease (set)") == 1, together
+    assert ("node_bump", 1, 1) in sent.calls and ("queue_lease", 2, 1) in sent.calls
+
+
+def test_a_failing_write_fails_the_statement_with_its_error_and_writes_nothing(
+    store: PostgresStore, sent: Sent
+) -> None:
+    _started(store)
+    with store._pg.write() as tx:
+        tx.many("output_insert", [_output("taken")])
+    with pytest.raises(StoreContractError) as alone, store._pg.write() as tx:
+        tx.many("output_insert", [_output("taken")])
+    sent.statements.clear()
+    with pytest.raises(StoreContractError) as together, store._pg.write() as tx:
+        tx.many_of(
+            [
+                ("node_bump", [{"run_id": "run-1", "node_index": 2}]),
+                ("output_insert", [_output("new"), _output("taken")]),
+            ]
+        )
+    assert type(together.value) is type(alone.value)
+    assert together.value.code == alone.value.code
+    assert "output_insert" in str(together.value)
+    assert [kind for _, kind, _ in sent.statements] == ["together"]
+    with store._pg.read() as tx:
+        nodes = {
+            row["node_index"]: row["revision"]
+            for row in tx.all("nodes_of_run", {"run_id": "run-1"})
+        }
+    assert nodes[2] == 0  # the bump rolled back with the insert
+    assert store.resolve_outputs("run-1", ("new",)) == {}
+
+
+def test_calls_a_set_statement_cannot_carry_run_one_by_one(
+    store: PostgresStore, sent: Sent
+) -> None:
+    """Rows that share a key cannot go in a set statement, so neither can
+    the calls beside them: each call runs as many() runs it."""
+    _started(store)
+    sent.statements.clear()
+    with store._pg.write() as tx:
+        tx.many_of(
+            [
+                ("node_bump", [{"run_id": "run-1", "node_index": n} for n in (1, 1)]),
+                ("output_insert", [_output("o")]),
+            ]
+        )
+    assert [kind for _, kind, _ in sent.statements] == ["row", "row", "row"]
+    assert sent.per_row("node_bump") and sent.per_row("output_insert")
+
+
 def test_inserts_keep_row_order(make_store: Callable[..., PostgresStore], sent: Sent) -> None:
     """Identity values (seq) follow the rows' order, not their keys'."""
     order = [(n * 37) % 101 for n in range(101)]
@@ -955,6 +1085,7 @@ def test_set_forms_do_work_linear_in_rows_and_table_whatever_the_statistics(
         "queue_lease": [{"delivery_id": f"d{i}", "worker_id": "w", "expires": 2.0} for i in keys],
         "queue_ack": [{"delivery_id": f"d{i}", "worker_id": "w"} for i in keys],
         "node_bump": [{"run_id": "run-1", "node_index": n} for n in (0, 1, 2)],
+        "launch_count_completions": [{"launch_id": "run-1:launch:0:0", "n": 2}],
     }
     assert sorted(rows) == sorted(
         name for name, v in SET_WRITES.items() if not v.statement.main.startswith(b"INSERT")

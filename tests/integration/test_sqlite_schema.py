@@ -80,6 +80,8 @@ def test_every_named_block_is_used_and_every_used_name_exists() -> None:
     # Reads sent together (all_of) name their blocks in (name, params) pairs;
     # a pair may name a block of PostgreSQL's flights only.
     used |= set(re.findall(r"\(\s*\"([a-z_0-9]+)\",\s*\{", code)) & set(QUERIES)
+    # Writes sent together (many_of) name their blocks in (name, rows) pairs.
+    used |= set(re.findall(r"(?:\.append\(|= \[)\(\s*\"([a-z_0-9]+)\",", code)) & set(QUERIES)
     assert used, "no query references found"
     # Retention deletes run through the blocks its declared table list names.
     used |= {table.statement for table in RUN_TABLES}

@@ -28,6 +28,9 @@ SQL_WORDS = re.compile(
 ALLOWED: dict[tuple[str, str], str] = {
     ("postgres/_tx.py", "prelude"): "a lock prelude of a named block (QUERIES[name].preludes)",
     ("postgres/_tx.py", "begin"): "BEGIN ... ISOLATION LEVEL, chosen from two literals",
+    ("postgres/_tx.py", "_TOGETHER[name]"): (
+        "named blocks' statements joined by together(), their parameters renamed"
+    ),
     (
         "postgres/gateway.py",
         "sql.encode('utf-8')",

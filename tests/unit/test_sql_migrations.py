@@ -76,6 +76,9 @@ class _Tx:
     def many(self, name: str, rows: Iterable[Params]) -> None:
         raise AssertionError(name)
 
+    def many_of(self, calls: Sequence[tuple[str, Sequence[Params]]]) -> None:
+        raise AssertionError(calls)
+
     def run(self, name: str, params: Params | None = None) -> int:
         assert name == "schema_version_set" and params is not None
         self._db.version = int(str(params["version"]))

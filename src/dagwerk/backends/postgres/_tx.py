@@ -12,6 +12,7 @@ before); a connection lost inside a write surfaces as
 
 from __future__ import annotations
 
+import re
 import time
 from collections.abc import Iterable, Sequence
 from contextlib import suppress
@@ -50,6 +51,35 @@ QUERIES: dict[str, Statement] = {
 
 SET_WRITES: dict[str, SetWrite] = load_set_writes(SET_WRITES_PATH, QUERIES)
 """The set forms of blocks that :meth:`PostgresTx.many` runs (``set_writes.sql``)."""
+
+
+_PARAM_REF = re.compile(rb"(?<!%)%\(([A-Za-z_]\w*)\)s")
+
+_TOGETHER: dict[str, bytes] = {}
+"""The statements :meth:`PostgresTx.many_of` sent, by the label naming their
+parts (a handful of shapes: the callers' fixed sequences of writes)."""
+
+
+def together(shape: Sequence[tuple[str, bool]]) -> bytes:
+    """One statement that runs the writes of ``shape`` (each a block's name
+    and whether it is the block's set form): a data-modifying ``WITH`` of
+    all but the last, ``w0``, ``w1``, ..., whose primary statement is the
+    last. Part ``k`` takes its parameters prefixed with ``wk_``.
+
+    All parts run on one snapshot and none sees another's rows, so the
+    caller names only writes of different tables that read nothing the
+    others write; each part is executed once and to the end, and foreign
+    keys are checked when the whole statement ends."""
+    mains = [
+        _PARAM_REF.sub(
+            b"%%(w%d_\\1)s" % k,
+            (SET_WRITES[name].statement if as_set else QUERIES[name]).main,
+        )
+        for k, (name, as_set) in enumerate(shape)
+    ]
+    *first, last = mains
+    ctes = b", ".join(b"w%d AS (%s)" % (k, main) for k, main in enumerate(first))
+    return b"WITH " + ctes + b" " + last
 
 
 class PostgresTx:
@@ -211,11 +241,14 @@ class PostgresTx:
         self, kind: str, name: str, params: Params | None, rows: list[Params] | None = None
     ) -> Any:
         """Send one block; wait for its result unless ``kind`` is ``send``,
-        ``many`` or ``rows`` (a block's set form, see :meth:`many`), which
+        ``many``, ``rows`` (a block's set form, see :meth:`many`) or
+        ``together`` (several blocks' writes, see :meth:`many_of`), which
         wait only as the transaction's first flight (so that a connection
         lost there still means that nothing of it ran)."""
-        if kind in ("send", "many", "rows"):
-            if kind == "many":
+        if kind in ("send", "many", "rows", "together"):
+            if kind == "together":
+                self._send_begin().execute(_TOGETHER[name], params)
+            elif kind == "many":
                 with self._send_begin().cursor() as cursor:
                     cursor.executemany(QUERIES[name].main, rows or [])
             elif kind == "rows":
@@ -432,6 +465,40 @@ class PostgresTx:
                 self._call("rows", name, {"rows": segment})
             else:
                 self._call("many", name, None, segment)
+
+    def many_of(self, calls: Sequence[tuple[str, Sequence[Params]]]) -> None:
+        """:meth:`many` of each call. When every call is one row, or one set
+        statement (``set_writes.sql``), and there are several, they go out as
+        one statement (see :func:`together`): its client and server work
+        instead of one statement's per call. Otherwise call by call."""
+        parts: list[tuple[str, bool, Params]] = []
+        for name, rows in calls:
+            statement = QUERIES[name]
+            if statement.preludes:
+                raise ValueError(f"query {name!r} has a lock prelude; run it with run()")
+            checked = [_checked(statement, row) for row in rows]
+            if len(checked) == 1:
+                parts.append((name, False, checked[0]))
+                continue
+            variant = SET_WRITES.get(name)
+            segments = None if variant is None or not checked else variant.segments(checked)
+            if segments is None or len(segments) != 1 or not isinstance(segments[0], str):
+                parts = []
+                break
+            parts.append((name, True, {"rows": segments[0]}))
+        if len(parts) < 2:
+            for name, rows in calls:
+                self.many(name, rows)
+            return
+        label = " + ".join(f"{name} (set)" if as_set else name for name, as_set, _ in parts)
+        if label not in _TOGETHER:
+            _TOGETHER[label] = together([(name, as_set) for name, as_set, _ in parts])
+        values = {
+            f"w{k}_{key}": value
+            for k, (_, _, row) in enumerate(parts)
+            for key, value in row.items()
+        }
+        self._call("together", label, values)
 
     # -- ending ---------------------------------------------------------------------------
 

@@ -188,3 +188,13 @@ USING (SELECT j.*
        WHERE jsonb_typeof(e.v) = 'object'
       OFFSET 0) AS r
 WHERE d.delivery_id = r.delivery_id AND d.lease_owner = r.worker_id;
+
+-- name: launch_count_completions
+-- key: launch_id
+UPDATE dagwerk_launches AS l SET completed = l.completed + r.n
+FROM (SELECT j.*
+      FROM unnest(ARRAY(SELECT jsonb_array_elements(CAST(:rows AS jsonb)))) AS e (v),
+           jsonb_to_record(e.v) AS j (launch_id text, n bigint)
+      WHERE jsonb_typeof(e.v) = 'object'
+      OFFSET 0) AS r
+WHERE l.launch_id = r.launch_id;

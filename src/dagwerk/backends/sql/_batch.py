@@ -43,7 +43,7 @@ from dagwerk.transitions import check_task_transition
 from ._ahead import ClaimAheadMixin, Preclaimed
 from ._queue import QueueMixin, RowFilter
 from ._tasks import OutputTexts, TasksMixin, completion_result, output_texts, task_record
-from .gateway import Row, Tx
+from .gateway import Params, Row, Tx
 
 _T = TypeVar("_T")
 
@@ -548,13 +548,17 @@ class BatchMixin(TasksMixin, QueueMixin, ClaimAheadMixin):
         *,
         optimistic: bool = False,
     ) -> None:
+        # The writes touch five tables and read none another writes: they
+        # may go out as one statement (Tx.many_of).
+        writes: list[tuple[str, Sequence[Params]]] = []
         if batch.outputs:
-            try:
-                tx.many("output_insert", batch.outputs)
-            except StoreContractError as exc:
-                if optimistic:
+            if optimistic:
+                try:
+                    tx.many("output_insert", batch.outputs)
+                except StoreContractError as exc:
                     raise _OutputIdTaken from exc  # decided again with the read
-                raise
+            else:
+                writes.append(("output_insert", batch.outputs))
         # Each launch's counter moves once; the request that brought it to
         # its task count is the one that completed the launch. The counter
         # was read with the tasks, under the lock every write of it takes
@@ -566,19 +570,19 @@ class BatchMixin(TasksMixin, QueueMixin, ClaimAheadMixin):
                 complete = before + k + 1 == task_count
                 batch.tasks[position]["launch_complete"] = int(complete)
         if batch.by_launch:
-            tx.many(
-                "launch_count_completions",
-                [
-                    {"launch_id": launch_id, "n": len(positions)}
-                    for launch_id, positions in batch.by_launch.items()
-                ],
-            )
+            counts = [
+                {"launch_id": launch_id, "n": len(positions)}
+                for launch_id, positions in batch.by_launch.items()
+            ]
+            writes.append(("launch_count_completions", counts))
         if batch.tasks:
             check_task_transition(TaskStatus.RUNNING, TaskStatus.COMPLETED)
-            tx.many("task_complete", batch.tasks)
-            tx.many("node_bump", [{"run_id": r, "node_index": n} for r, n in batch.nodes])
+            writes.append(("task_complete", batch.tasks))
+            bumps = [{"run_id": r, "node_index": n} for r, n in batch.nodes]
+            writes.append(("node_bump", bumps))
         if batch.acks:
-            tx.many("queue_ack", batch.acks)
+            writes.append(("queue_ack", batch.acks))
+        tx.many_of(writes)
         for position, (index, row) in enumerate(batch.results):
             complete = bool(batch.tasks[position]["launch_complete"])
             outcomes[index] = completion_result(row, complete)

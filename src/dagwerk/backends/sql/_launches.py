@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import NamedTuple
 
 from dagwerk._trusted import trusted_model
@@ -384,10 +384,10 @@ class LaunchesMixin(ClaimAheadMixin):
             "task_count": len(plans),
         }
         # Writes whose results nothing reads are sent without waiting (one
-        # round trip for the whole launch on PostgreSQL, at its commit), so
-        # the server inserts the launch and its tasks while the deliveries'
-        # rows are built.
-        tx.many("launch_insert", [launch])
+        # round trip for the whole launch on PostgreSQL, at its commit). They
+        # write different tables and read nothing another writes, so each
+        # slice's go together (Tx.many_of: one statement on PostgreSQL).
+        writes: list[tuple[str, Sequence[Params]]] = [("launch_insert", [launch])]
         ids = self._new_ids(2 * len(plans))
         rows: list[dict[str, object]] = []
         if plans:
@@ -396,6 +396,7 @@ class LaunchesMixin(ClaimAheadMixin):
             # Where writes are sent without waiting (PostgreSQL), the rows go
             # in slices: the server inserts one while the next is built.
             step = _SLICE if self._gw.pipelines_writes else len(plans)
+            sliced = step < len(plans)
             looked = None if ahead is None else ahead.others
             for start in range(0, len(plans), step):
                 part = [
@@ -417,28 +418,24 @@ class LaunchesMixin(ClaimAheadMixin):
                     tx, part, (queue, priority), now, plugin_name, looked
                 ):
                     # Taken by the unit's claim ahead as they are written.
-                    tx.many("task_insert_claimed", part)
-                    tx.many("delivery_insert_leased", part)
+                    writes.append(("task_insert_claimed", part))
+                    writes.append(("delivery_insert_leased", part))
                     continue
-                tx.many("task_insert", part)
-                tx.many(
-                    "delivery_insert",
-                    (
-                        {
-                            **row,
-                            "now": now,
-                            "queue": queue,
-                            "priority": priority,
-                            "delivery_count": 0,
-                        }
-                        for row in part
-                    ),
-                )
+                deliveries = [
+                    {**row, "now": now, "queue": queue, "priority": priority, "delivery_count": 0}
+                    for row in part
+                ]
+                writes.append(("task_insert", part))
+                writes.append(("delivery_insert", deliveries))
+                if sliced:
+                    tx.many_of(writes)
+                    writes = []
             created.extend(rows)
             for row, plan in zip(rows, plans, strict=True):
                 if type(plan) is TaskInputPlan:
                     remember_plan(str(row["plan"]), plan)
-        self._bump(tx, run_id, node_index)
+        writes.append(("node_bump", [{"run_id": run_id, "node_index": node_index}]))
+        tx.many_of(writes)
         # The view of the row just written, without reading it back.
         written = {**launch, "completed": 0}
         view = self._launch_view(tx, written, tuple(str(row["task_id"]) for row in rows))

@@ -83,6 +83,12 @@ class Tx(Protocol):
         """Execute a statement once per parameter set."""
         ...
 
+    def many_of(self, calls: Sequence[tuple[str, Sequence[Params]]]) -> None:
+        """:meth:`many` of each call, in order, for calls that write
+        different tables and read nothing another of them writes: a backend
+        may send them as one statement, in which they see the same data."""
+        ...
+
 
 class Gateway(Protocol):
     """The hooks a SQL backend provides to :class:`~dagwerk.backends.sql.SqlStore`.
