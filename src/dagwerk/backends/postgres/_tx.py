@@ -449,10 +449,7 @@ class PostgresTx:
         one statement when that does the same as one statement per row (see
         :meth:`SetWrite.segments`); every row is checked the same way either way.
         """
-        statement = QUERIES[name]
-        if statement.preludes:
-            raise ValueError(f"query {name!r} has a lock prelude; run it with run()")
-        checked = [_checked(statement, row) for row in rows]
+        checked = _checked_rows(name, rows)
         if not checked:
             return
         variant = SET_WRITES.get(name)
@@ -471,24 +468,22 @@ class PostgresTx:
         statement (``set_writes.sql``), and there are several, they go out as
         one statement (see :func:`together`): its client and server work
         instead of one statement's per call. Otherwise call by call."""
+        listed = [(name, _checked_rows(name, rows)) for name, rows in calls]
+        listed = [(name, checked) for name, checked in listed if checked]
         parts: list[tuple[str, bool, Params]] = []
-        for name, rows in calls:
-            statement = QUERIES[name]
-            if statement.preludes:
-                raise ValueError(f"query {name!r} has a lock prelude; run it with run()")
-            checked = [_checked(statement, row) for row in rows]
+        for name, checked in listed:
             if len(checked) == 1:
                 parts.append((name, False, checked[0]))
                 continue
             variant = SET_WRITES.get(name)
-            segments = None if variant is None or not checked else variant.segments(checked)
+            segments = None if variant is None else variant.segments(checked)
             if segments is None or len(segments) != 1 or not isinstance(segments[0], str):
                 parts = []
                 break
             parts.append((name, True, {"rows": segments[0]}))
         if len(parts) < 2:
-            for name, rows in calls:
-                self.many(name, rows)
+            for name, checked in listed:
+                self.many(name, checked)
             return
         label = " + ".join(f"{name} (set)" if as_set else name for name, as_set, _ in parts)
         if label not in _TOGETHER:
@@ -582,6 +577,15 @@ class PostgresTx:
                 conn.execute(b"ROLLBACK", prepare=False)
         self._drop_pipe()
         self._connections.release_after_error(conn)
+
+
+def _checked_rows(name: str, rows: Iterable[Params]) -> list[Params]:
+    """The rows of a ``many`` call of block ``name``, each checked; a block
+    with a lock prelude is refused (it runs with ``run``)."""
+    statement = QUERIES[name]
+    if statement.preludes:
+        raise ValueError(f"query {name!r} has a lock prelude; run it with run()")
+    return [_checked(statement, row) for row in rows]
 
 
 def _checked(statement: Statement, row: Params) -> Params:
