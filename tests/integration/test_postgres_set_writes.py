@@ -745,6 +745,22 @@ def test_writes_of_different_tables_go_as_one_statement(
     assert ("node_bump", 1, 1) in sent.calls and ("queue_lease", 2, 1) in sent.calls
 
 
+def test_an_empty_call_sends_nothing_and_leaves_the_others_together(
+    store: PostgresStore, sent: Sent
+) -> None:
+    _started(store)
+    sent.statements.clear()
+    with store._pg.write() as tx:
+        tx.many_of(
+            [
+                ("output_insert", []),
+                ("node_bump", [{"run_id": "run-1", "node_index": 1}]),
+                ("queue_ack", [{"delivery_id": "none", "worker_id": "w"}]),
+            ]
+        )
+    assert sent.statements == [("node_bump + queue_ack", "together", 1)]
+
+
 def test_a_failing_write_fails_the_statement_with_its_error_and_writes_nothing(
     store: PostgresStore, sent: Sent
 ) -> None:
