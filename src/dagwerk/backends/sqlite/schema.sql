@@ -8,18 +8,23 @@ CREATE TABLE dagwerk_schema_version (
 
 CREATE TABLE dagwerk_runs (
     run_id TEXT PRIMARY KEY,
-    nodes TEXT NOT NULL,
-    run_input TEXT NOT NULL,
-    failure_policy TEXT NOT NULL,
     status TEXT NOT NULL,
-    retry_count INTEGER NOT NULL DEFAULT 0,
-    error TEXT,
     -- Bumped by every terminal transition and reopen: older tokens go stale.
     epoch INTEGER NOT NULL DEFAULT 0,
     node_count INTEGER NOT NULL,
+    failure_policy TEXT NOT NULL,
+    retry_count INTEGER NOT NULL DEFAULT 0,
     queue TEXT NOT NULL,
-    priority INTEGER NOT NULL
-, created_at REAL NOT NULL DEFAULT 0, finished_at REAL, pipeline TEXT, traceparent TEXT);
+    priority INTEGER NOT NULL,
+    created_at REAL NOT NULL DEFAULT 0,
+    finished_at REAL,
+    pipeline TEXT,
+    traceparent TEXT,
+    -- Values that can be large last (see version 18).
+    error TEXT,
+    run_input TEXT NOT NULL,
+    nodes TEXT NOT NULL
+);
 CREATE INDEX dagwerk_runs_created ON dagwerk_runs (created_at);
 
 CREATE TABLE dagwerk_nodes (

@@ -1,0 +1,7 @@
+-- dagwerk PostgreSQL schema, version 18: no change.
+--
+-- On SQLite version 18 rebuilds the runs table with its small columns first,
+-- so that reading a run's status does not walk the overflow pages of its node
+-- definitions. PostgreSQL keeps such large values out of line (TOAST), so a
+-- row's column order costs nothing here. Both backends keep the same
+-- migration numbers, so this version exists here and changes nothing.
