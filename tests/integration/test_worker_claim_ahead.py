@@ -1,9 +1,9 @@
-"""The claim ahead with real ``dagwerk worker`` processes on one SQLite file
-(default settings): long tasks are not hoarded, so two workers share ten 1 s
-tasks; deliveries one worker claimed ahead go back when it gets SIGTERM and
-another worker runs them at once (not after their lease). Plugins in
-``claim_ahead_plugins.py``; each entry into a plugin leaves a marker file
-naming its task, attempt and process."""
+"""The claim ahead with real ``dagwerk worker`` processes (default settings):
+long tasks are not hoarded, so two workers share ten 1 s tasks (on a SQLite
+file and on PostgreSQL); on a SQLite file, deliveries one worker claimed
+ahead go back when it gets SIGTERM and another worker runs them at once (not
+after their lease). Plugins in ``claim_ahead_plugins.py``; each entry into a
+plugin leaves a marker file naming its task, attempt and process."""
 
 from __future__ import annotations
 
@@ -125,25 +125,27 @@ def _work_attempts(engine: Engine, run_id: str) -> list[tuple[str, str, TaskStat
     return rows
 
 
-def test_two_default_workers_share_ten_one_second_tasks(
-    setting: tuple[Engine, str, Path],
-) -> None:
-    engine, url, events = setting
-    workers = [_Worker(url, events, f"w{n}") for n in range(2)]
-    try:
-        wait_until(lambda: all(w.worker_id for w in workers), "both workers to serve", timeout=60)
-        run_id = engine.submit(_fan("ca_nap", "seconds"), {"count": 10, "seconds": 1.0})
-        assert engine.wait(run_id, timeout=120).status is RunStatus.COMPLETED
-        ran = {
-            worker
-            for _, worker, status in _work_attempts(engine, run_id)
-            if status is TaskStatus.COMPLETED
-        }
-        assert ran == {w.worker_id for w in workers}
-        assert len(_started(events)) == 10
-    finally:
-        for worker in workers:
-            worker.kill()
+def test_two_default_workers_share_ten_one_second_tasks(database_url: str, tmp_path: Path) -> None:
+    events = tmp_path / "events"
+    events.mkdir()
+    with Engine(database_url, execution_root=tmp_path) as engine:
+        workers = [_Worker(database_url, events, f"w{n}") for n in range(2)]
+        try:
+            wait_until(
+                lambda: all(w.worker_id for w in workers), "both workers to serve", timeout=60
+            )
+            run_id = engine.submit(_fan("ca_nap", "seconds"), {"count": 10, "seconds": 1.0})
+            assert engine.wait(run_id, timeout=120).status is RunStatus.COMPLETED
+            ran = {
+                worker
+                for _, worker, status in _work_attempts(engine, run_id)
+                if status is TaskStatus.COMPLETED
+            }
+            assert ran == {w.worker_id for w in workers}
+            assert len(_started(events)) == 10
+        finally:
+            for worker in workers:
+                worker.kill()
 
 
 def test_work_claimed_ahead_goes_back_on_sigterm_and_another_worker_runs_it(
