@@ -6,11 +6,13 @@
 -- per completed task) walked that chain: a chain of 6,000 steps spent over
 -- 1 ms per read. The table is rebuilt with the small columns first and the
 -- error, the run input and the node definitions last; rows keep their rowid.
--- Foreign keys stay on: the rows other tables reference are gone between the
--- drop and the copy back, which only the deferred check at commit sees.
+-- The copy is a table of the database file, not a temporary one, which this
+-- store keeps in memory. Foreign keys stay on: the rows other tables
+-- reference are gone between the drop and the copy back, which only the
+-- deferred check at commit sees.
 
 PRAGMA defer_foreign_keys = ON;
-CREATE TEMP TABLE dagwerk_runs_copy AS SELECT rowid AS old_rowid, * FROM dagwerk_runs;
+CREATE TABLE dagwerk_runs_copy AS SELECT rowid AS old_rowid, * FROM dagwerk_runs;
 DROP TABLE dagwerk_runs;
 CREATE TABLE dagwerk_runs (
     run_id TEXT PRIMARY KEY,
@@ -36,8 +38,8 @@ INSERT INTO dagwerk_runs
      created_at, finished_at, pipeline, traceparent, error, run_input, nodes)
 SELECT old_rowid, run_id, status, epoch, node_count, failure_policy, retry_count, queue, priority,
        created_at, finished_at, pipeline, traceparent, error, run_input, nodes
-FROM temp.dagwerk_runs_copy ORDER BY old_rowid;
-DROP TABLE temp.dagwerk_runs_copy;
+FROM dagwerk_runs_copy ORDER BY old_rowid;
+DROP TABLE dagwerk_runs_copy;
 CREATE INDEX dagwerk_runs_created ON dagwerk_runs (created_at);
 CREATE INDEX dagwerk_runs_created_status ON dagwerk_runs (created_at, status);
 CREATE INDEX dagwerk_runs_finished ON dagwerk_runs (finished_at, run_id)
