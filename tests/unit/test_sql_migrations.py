@@ -76,7 +76,7 @@ class _Tx:
     def many(self, name: str, rows: Iterable[Params]) -> None:
         raise AssertionError(name)
 
-    def many_of(self, calls: Sequence[tuple[str, Sequence[Params]]]) -> None:
+    def many_of(self, calls: Sequence[tuple[str, Iterable[Params]]]) -> None:
         raise AssertionError(calls)
 
     def run(self, name: str, params: Params | None = None) -> int:

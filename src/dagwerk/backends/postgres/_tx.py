@@ -463,7 +463,7 @@ class PostgresTx:
             else:
                 self._call("many", name, None, segment)
 
-    def many_of(self, calls: Sequence[tuple[str, Sequence[Params]]]) -> None:
+    def many_of(self, calls: Sequence[tuple[str, Iterable[Params]]]) -> None:
         """:meth:`many` of each call. When every call is one row, or one set
         statement (``set_writes.sql``), and there are several, they go out as
         one statement (see :func:`together`): its client and server work

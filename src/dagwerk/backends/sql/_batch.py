@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import json
 import logging
-from collections.abc import Collection, Mapping, Sequence
+from collections.abc import Collection, Iterable, Mapping, Sequence
 from contextlib import suppress
 from functools import partial
 from typing import Any, TypeVar
@@ -550,7 +550,7 @@ class BatchMixin(TasksMixin, QueueMixin, ClaimAheadMixin):
     ) -> None:
         # The writes touch five tables and read none another writes: they
         # may go out as one statement (Tx.many_of).
-        writes: list[tuple[str, Sequence[Params]]] = []
+        writes: list[tuple[str, Iterable[Params]]] = []
         if batch.outputs:
             if optimistic:
                 try:

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping
 from typing import NamedTuple
 
 from dagwerk._trusted import trusted_model
@@ -387,7 +387,7 @@ class LaunchesMixin(ClaimAheadMixin):
         # round trip for the whole launch on PostgreSQL, at its commit). They
         # write different tables and read nothing another writes, so each
         # slice's go together (Tx.many_of: one statement on PostgreSQL).
-        writes: list[tuple[str, Sequence[Params]]] = [("launch_insert", [launch])]
+        writes: list[tuple[str, Iterable[Params]]] = [("launch_insert", [launch])]
         ids = self._new_ids(2 * len(plans))
         rows: list[dict[str, object]] = []
         if plans:
@@ -421,10 +421,12 @@ class LaunchesMixin(ClaimAheadMixin):
                     writes.append(("task_insert_claimed", part))
                     writes.append(("delivery_insert_leased", part))
                     continue
-                deliveries = [
+                # Made as they are written: a launch not sent in slices
+                # (SQLite) would otherwise hold every row twice.
+                deliveries = (
                     {**row, "now": now, "queue": queue, "priority": priority, "delivery_count": 0}
                     for row in part
-                ]
+                )
                 writes.append(("task_insert", part))
                 writes.append(("delivery_insert", deliveries))
                 if sliced:

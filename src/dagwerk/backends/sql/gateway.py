@@ -83,7 +83,7 @@ class Tx(Protocol):
         """Execute a statement once per parameter set."""
         ...
 
-    def many_of(self, calls: Sequence[tuple[str, Sequence[Params]]]) -> None:
+    def many_of(self, calls: Sequence[tuple[str, Iterable[Params]]]) -> None:
         """:meth:`many` of each call, in order, for calls that write
         different tables and read nothing another of them writes: a backend
         may send them as one statement, in which they see the same data."""

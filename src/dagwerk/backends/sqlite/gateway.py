@@ -139,7 +139,7 @@ class _Tx:
         except sqlite3.Error as exc:
             raise translate_error(exc, f"query {name!r} failed", self._path) from exc
 
-    def many_of(self, calls: Sequence[tuple[str, Sequence[Params]]]) -> None:
+    def many_of(self, calls: Sequence[tuple[str, Iterable[Params]]]) -> None:
         # In process, a statement costs no round trip: one by one.
         for name, rows in calls:
             self.many(name, rows)
