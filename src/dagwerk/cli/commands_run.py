@@ -56,6 +56,11 @@ _EXECUTORS = click.Choice(["thread", "process", "async"])
 EXIT_INTERRUPTED = 130
 """``run`` stopped by Ctrl-C (128 + SIGINT, as shells report it)."""
 
+WORKER_IDLE_WAIT = 0.5
+"""Seconds an idle ``dagwerk worker`` waits between looks at an empty queue
+(new work wakes it at once; a delivery due sooner cuts the wait). A stop
+waits for the look in flight."""
+
 
 def _queue_option(fn: click.decorators.FC) -> click.decorators.FC:
     return click.option(
@@ -567,6 +572,7 @@ def worker(
             concurrency=concurrency,
             claim_ahead=claim_ahead,
             executor=executor,
+            idle_wait=WORKER_IDLE_WAIT,
             backstop_interval=backstop_interval or None,
             schedule_interval=schedule_interval or None,
             queues=list(queues) or None,

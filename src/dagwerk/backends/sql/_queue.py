@@ -22,6 +22,7 @@ from dagwerk.store import (
     LeasedDelivery,
     TaskAttemptRef,
     validate_plugin_names,
+    validate_queue_names,
     validate_run_preference,
     validate_seconds,
     validate_worker_id,
@@ -31,6 +32,11 @@ from ._base import SqlStoreBase
 from .gateway import Row, Tx
 
 MAX_DELIVERIES_REASON = "max_deliveries"
+
+
+_DUE_LOOK_AFTER = 0.1
+"""A dequeue that would wait longer than this for work first reads when the
+next row is due (a short wait is not worth the read)."""
 
 
 class QueueMixin(SqlStoreBase):
@@ -79,7 +85,11 @@ class QueueMixin(SqlStoreBase):
         wanted = RowFilter.of(names, plugins, prefer_run)
         deadline = time.monotonic() + patience
         # A gateway that can be notified (``work_epoch``/``wait_for_work``)
-        # wakes at once on a local enqueue; the default is a short poll.
+        # wakes at once on a local enqueue; the default is a short poll. The
+        # queue is looked at again when a wait was woken (a gateway that
+        # cannot tell, ``None``, after each wait) and at the deadline. A row
+        # that becomes due wakes no one: a long wait ends when the next one
+        # is due.
         while True:
             epoch = self._gw.work_epoch()
             leased = self._lease(
@@ -88,7 +98,37 @@ class QueueMixin(SqlStoreBase):
             remaining = deadline - time.monotonic()
             if leased or remaining <= 0:
                 return leased
-            self._gw.wait_for_work(remaining, epoch)
+            if remaining > _DUE_LOOK_AFTER:
+                due = self._due_in(wanted, worker_id)
+                if due is not None and due < remaining:
+                    deadline, remaining = time.monotonic() + due, due
+            while remaining > 0 and self._gw.wait_for_work(remaining, epoch) is False:
+                remaining = deadline - time.monotonic()
+
+    def next_delivery_in(
+        self,
+        *,
+        queues: Sequence[str] | None = None,
+        plugins: Collection[str] | None = None,
+        worker_id: str | None = None,
+    ) -> float | None:
+        names = validate_queue_names(queues)
+        wanted = RowFilter.of(names, plugins, None)
+        if worker_id is not None:
+            validate_worker_id(worker_id)
+        return self._due_in(wanted, worker_id)
+
+    def _due_in(self, wanted: RowFilter, worker_id: str | None) -> float | None:
+        """Seconds until the earliest row of ``wanted`` not under another
+        worker's live lease becomes deliverable (``0.0``: now; ``None``: no
+        such row); a row under ``worker_id``'s own lease is due when that
+        lease ends."""
+        with self._gw.read() as tx:
+            now = self._now()
+            params = {**wanted.params(None), "now": now, "worker_id": worker_id}
+            row = tx.one("queue_next_due", params)
+        due = None if row is None else row["due"]
+        return None if due is None else max(0.0, float(due) - now)
 
     def _claim_many(
         self,

@@ -10,12 +10,9 @@ from dagwerk.store import (
     ExpiredLease,
     WorkerRecord,
     check_worker_presence,
-    validate_queue_names,
-    validate_worker_id,
 )
 
 from ._base import SqlStoreBase
-from ._queue import RowFilter
 
 
 class WorkersMixin(SqlStoreBase):
@@ -79,21 +76,3 @@ class WorkersMixin(SqlStoreBase):
             )
             for row in rows
         ]
-
-    def next_delivery_in(
-        self,
-        *,
-        queues: Sequence[str] | None = None,
-        plugins: Collection[str] | None = None,
-        worker_id: str | None = None,
-    ) -> float | None:
-        names = validate_queue_names(queues)
-        wanted = RowFilter.of(names, plugins, None)
-        if worker_id is not None:
-            validate_worker_id(worker_id)
-        with self._gw.read() as tx:
-            now = self._now()
-            params = {**wanted.params(None), "now": now, "worker_id": worker_id}
-            row = tx.one("queue_next_due", params)
-        due = None if row is None else row["due"]
-        return None if due is None else max(0.0, float(due) - now)

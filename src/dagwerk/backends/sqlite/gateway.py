@@ -249,13 +249,13 @@ class SqliteGateway(Gateway):
 
     def wait_for_work(self, timeout: float, since: int | None = None) -> bool:
         """Block until a commit made a queue row deliverable (after epoch
-        ``since``), or for a short poll interval, at most ``timeout`` seconds;
-        True when a commit ended the wait.
+        ``since``), at most ``timeout`` seconds; True when a commit ended the
+        wait.
 
         A waking commit of this process ends the wait at once; so does any
         commit of another process on Linux (the log watcher of ``_wake.py``),
         elsewhere the ``data_version`` poll finds it."""
-        end = time.monotonic() + min(timeout, _POLL_SECONDS)
+        end = time.monotonic() + max(0.0, timeout)
         seen = self._data_version()
         watched = self._watch_other_processes()
         if watched:
@@ -276,7 +276,7 @@ class SqliteGateway(Gateway):
             # Watched, other processes' commits wake this wait: the poll is
             # only a safety net and need not run fast while they commit.
             fast = _POLL_SECONDS if watched else _POLL_MIN_SECONDS
-            step = min(remaining, max(fast, quiet / _POLL_QUIET_DIVISOR))
+            step = min(remaining, _POLL_SECONDS, max(fast, quiet / _POLL_QUIET_DIVISOR))
             with self._waker.cond:
                 if since is not None and self._waker.epoch != since:
                     self._last_change = time.monotonic()
