@@ -80,4 +80,5 @@ def test_dagwerk_worker_waits_long_between_looks_at_an_empty_queue(
     result = CliRunner().invoke(cli, ["worker", "--db", database_url])
     assert result.exit_code != 0 and "built" in result.output, result.output
     (options,) = built
-    assert options["idle_wait"] == WORKER_IDLE_WAIT > Engine(database_url).poll_interval
+    with Engine(database_url) as engine:
+        assert options["idle_wait"] == WORKER_IDLE_WAIT > engine.poll_interval
