@@ -123,10 +123,9 @@ class QueueMixin(SqlStoreBase):
         worker's live lease becomes deliverable (``0.0``: now; ``None``: no
         such row); a row under ``worker_id``'s own lease is due when that
         lease ends."""
-        with self._gw.read() as tx:
-            now = self._now()
-            params = {**wanted.params(None), "now": now, "worker_id": worker_id}
-            row = tx.one("queue_next_due", params)
+        now = self._now()
+        params = {**wanted.params(None), "now": now, "worker_id": worker_id}
+        row = self._read_one("queue_next_due", params)
         due = None if row is None else row["due"]
         return None if due is None else max(0.0, float(due) - now)
 
