@@ -76,7 +76,7 @@ def test_newer_schema_is_refused(tmp_path: Path) -> None:
 
 def test_every_named_block_is_used_and_every_used_name_exists() -> None:
     code = "\n".join(p.read_text() for p in SRC.glob("sql*/**/*.py"))
-    used = set(re.findall(r"\.(?:one|all|run|many)\(\s*\"([a-z_0-9]+)\"", code))
+    used = set(re.findall(r"\.(?:one|all|run|many|_read_one)\(\s*\"([a-z_0-9]+)\"", code))
     # Reads sent together (all_of) name their blocks in (name, params) pairs;
     # a pair may name a block of PostgreSQL's flights only.
     used |= set(re.findall(r"\(\s*\"([a-z_0-9]+)\",\s*\{", code)) & set(QUERIES)
